@@ -1,0 +1,1 @@
+"""Feature caching and step reuse: DeepCache, block caching, prompt cache, step forecasting."""

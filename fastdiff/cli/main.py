@@ -1,0 +1,216 @@
+"""The ``fastdiff`` command line: zoo, reference, bench, generate, profile, demo.
+
+Examples::
+
+    fastdiff zoo build tiny-sd /tmp/tiny-sd --size bench
+    fastdiff bench /tmp/tiny-sd --config ddim50="scheduler(name=ddim,steps=50)" \\
+        --config dpm20="scheduler(name=dpm++2m,steps=20)" --runs 3 --json out/bench.json
+    fastdiff generate tiny-sd --accel "scheduler(name=unipc,steps=10)" --prompt "a fox" --out out/fox
+    fastdiff profile tiny-sd --accel "scheduler(name=dpm++2m,steps=20)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where zoo models named on the command line are built: $FASTDIFF_CACHE or ~/.cache/fastdiff."""
+    return Path(os.environ.get("FASTDIFF_CACHE", Path.home() / ".cache" / "fastdiff"))
+
+
+def resolve_model(model: str, size: str = "bench") -> Path:
+    """A pipeline directory, or a zoo name built (once) into the cache."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    from fastdiff import zoo
+
+    if model not in zoo.available():
+        raise SystemExit(
+            f"error: {model!r} is neither a directory nor a zoo model ({', '.join(zoo.available())})"
+        )
+    target = cache_dir() / f"{model}-{size}"
+    if not (target / "model_index.json").is_file():
+        print(f"building zoo model {model} ({size}) into {target} ...", file=sys.stderr)
+        zoo.build(model, target, size=size)
+    return target
+
+
+def _parse_configs(items: list[str]) -> list[tuple[str, str]]:
+    configs = []
+    for item in items:
+        name, sep, specs = item.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"error: --config expects NAME=SPECS, got {item!r}")
+        configs.append((name.strip(), specs))
+    return configs
+
+
+def cmd_zoo(args) -> None:
+    from fastdiff import zoo
+
+    if args.zoo_cmd == "list":
+        print("\n".join(zoo.available()))
+        return
+    out = zoo.build(args.name, args.dir, size=args.size, seed=args.seed)
+    print(f"built {args.name} ({args.size}) in {out}")
+
+
+def cmd_reference(args) -> None:
+    from fastdiff.zoo.reference import build_reference
+
+    out = build_reference(args.dir, minutes=args.minutes, resolution=args.resolution, resume=args.resume)
+    print(f"reference model in {out}")
+
+
+def cmd_bench(args) -> None:
+    from fastdiff.eval.bench import format_table, run_bench
+
+    result = run_bench(
+        resolve_model(args.model, args.size), _parse_configs(args.config), steps=args.steps, runs=args.runs,
+        seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
+        guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
+    )  # fmt: skip
+    print(format_table(result))
+    if args.json:
+        print(f"wrote {args.json}")
+
+
+def cmd_generate(args) -> None:
+    import torch
+
+    from fastdiff import FastPipeline
+    from fastdiff.eval.grid import save_grid, save_images
+
+    fp = FastPipeline.from_pretrained(resolve_model(args.model, args.size), accelerators=args.accel or None)
+    call = {"output_type": "np", "generator": torch.Generator().manual_seed(args.seed)}
+    if args.prompt:
+        call["prompt"] = args.prompt
+    if args.label:
+        call["class_labels"] = args.label
+    if not args.prompt and not args.label:
+        call["batch_size"] = args.batch
+    for key in ("num_inference_steps", "guidance_scale", "height", "width"):
+        value = getattr(args, key)
+        if value is not None:
+            call[key] = value
+    images = fp(**call).images
+    paths = save_images(images, args.out)
+    save_grid(images, Path(args.out) / "grid.png", scale=max(1, 128 // images.shape[1]))
+    print(f"wrote {len(paths)} images and grid.png to {args.out}")
+
+
+def cmd_profile(args) -> None:
+    import torch
+
+    from fastdiff import FastPipeline
+    from fastdiff.eval.bench import make_inputs
+    from fastdiff.eval.profile import format_split, profile_call
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fp = FastPipeline.from_pretrained(resolve_model(args.model, args.size), accelerators=args.accel or None)
+    fp.pipe.set_progress_bar_config(disable=True)
+    call = dict(make_inputs(fp.pipe, args.batch), output_type="np")
+    if args.steps:
+        call["num_inference_steps"] = args.steps
+    fp(**call)  # warm-up
+    totals, table = profile_call(fp, call, top=args.top)
+    print(format_split(totals))
+    print(table)
+
+
+def cmd_demo(args) -> None:
+    from fastdiff.cli.demo import run_demo
+
+    run_demo(out_dir=args.out, runs=args.runs, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastdiff", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    zoo = sub.add_parser("zoo", help="build offline models")
+    zoo_sub = zoo.add_subparsers(dest="zoo_cmd", required=True)
+    zoo_sub.add_parser("list", help="list zoo models")
+    build = zoo_sub.add_parser("build", help="build NAME into DIR")
+    build.add_argument("name")
+    build.add_argument("dir")
+    build.add_argument("--size", default="test", choices=["test", "bench"])
+    build.add_argument("--seed", type=int, default=0)
+    zoo.set_defaults(func=cmd_zoo)
+
+    ref = sub.add_parser("reference", help="the digits reference model")
+    ref_sub = ref.add_subparsers(dest="ref_cmd", required=True)
+    rbuild = ref_sub.add_parser("build", help="train the reference model into DIR")
+    rbuild.add_argument("dir")
+    rbuild.add_argument("--minutes", type=float, default=12.0)
+    rbuild.add_argument("--resolution", type=int, default=16, choices=[16, 32])
+    rbuild.add_argument("--resume", action="store_true")
+    ref.set_defaults(func=cmd_reference)
+
+    def model_args(p):
+        p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
+        p.add_argument(
+            "--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name"
+        )
+        p.add_argument("--threads", type=int, default=None, help="torch threads")
+        p.add_argument("--batch", type=int, default=None, help="images per call")
+
+    bench = sub.add_parser("bench", help="compare configs side by side")
+    model_args(bench)
+    bench.add_argument("--config", action="append", required=True, metavar="NAME=SPECS")
+    bench.add_argument("--steps", type=int, default=20, help="steps for configs that do not set them")
+    bench.add_argument("--runs", type=int, default=3)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--height", type=int)
+    bench.add_argument("--width", type=int)
+    bench.add_argument("--guidance", type=float)
+    bench.add_argument("--json", help="write results JSON here")
+    bench.add_argument("--images", help="write a PNG grid per config into this directory")
+    bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
+    bench.set_defaults(func=cmd_bench)
+
+    gen = sub.add_parser("generate", help="write PNGs")
+    model_args(gen)
+    gen.add_argument("--accel", default="", help="accelerator specs, ';'-separated")
+    gen.add_argument("--prompt", nargs="+")
+    gen.add_argument("--label", nargs="+", type=int)
+    gen.add_argument("--steps", dest="num_inference_steps", type=int)
+    gen.add_argument("--guidance", dest="guidance_scale", type=float)
+    gen.add_argument("--height", type=int)
+    gen.add_argument("--width", type=int)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True)
+    gen.set_defaults(func=cmd_generate)
+
+    prof = sub.add_parser("profile", help="time split and top operators of one call")
+    model_args(prof)
+    prof.add_argument("--accel", default="")
+    prof.add_argument("--steps", type=int, default=None)
+    prof.add_argument("--top", type=int, default=15)
+    prof.set_defaults(func=cmd_profile)
+
+    demo = sub.add_parser("demo", help="the main job: reference model, baseline vs accelerated")
+    demo.add_argument("--out", default="out/demo")
+    demo.add_argument("--runs", type=int, default=2)
+    demo.add_argument("--quick", action="store_true", help="1-minute reference model (for smoke tests)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Compression: token merging, low-rank factorization, pruning, quantization, fusion, compile, attention."""

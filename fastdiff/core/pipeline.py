@@ -1,0 +1,226 @@
+"""FastPipeline: a drop-in wrapper over any diffusers pipeline with composable, removable accelerators.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo import build
+
+    fp = FastPipeline.from_pretrained(build("tiny-sd", "/tmp/tiny-sd"))
+    handle = fp.accelerate("scheduler(name=dpm++2m,steps=4)")
+    image = fp(prompt="a red circle").images[0]
+    handle.remove()  # the pipeline is exactly as before
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdiff.core.context import ContextHook, CountHook, StepContext
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.models import PIPELINES, cfg_enabled, find_denoiser
+from fastdiff.core.registry import Accelerator, apply_order, check_conflicts
+from fastdiff.core.spec import parse
+
+
+class NonFiniteOutputError(FloatingPointError):
+    """The pipeline produced NaN or inf; ``.output`` holds the result anyway."""
+
+    def __init__(self, message: str, output: Any):
+        super().__init__(message)
+        self.output = output
+
+
+class FastPipeline:
+    """Wraps ``pipe``; calling it takes the pipeline's own arguments and returns its own output type."""
+
+    def __init__(self, pipe, accelerators=None):
+        if isinstance(pipe, FastPipeline):
+            raise TypeError("pipe is already a FastPipeline; pass fp.pipe to wrap the diffusers pipeline")
+        previous = getattr(pipe, "_fastdiff_wrapper", lambda: None)()
+        if previous is not None:
+            if previous.accelerators:
+                raise ValueError(
+                    f"this pipeline is already wrapped by {previous!r}; remove its accelerators "
+                    "(remove_all()) or keep using that wrapper"
+                )
+            previous.unwrap()
+        denoiser_name, _ = find_denoiser(pipe)
+        self.__dict__.update(
+            pipe=pipe,
+            context=StepContext(),
+            denoiser_name=denoiser_name,
+            _active=[],
+            _defaults={},
+            _trackers=[],
+        )
+        self._trackers += [
+            install_hook(self.denoiser, CountHook(self.context), "fastdiff.count"),
+            install_hook(
+                self.denoiser, ContextHook(self.context, lambda: self.pipe.scheduler), "fastdiff.context"
+            ),
+        ]
+        pipe._fastdiff_wrapper = weakref.ref(self)
+        if accelerators:
+            self.accelerate(*parse(accelerators))
+
+    @classmethod
+    def from_pretrained(cls, path_or_dir: str | os.PathLike, accelerators=None, **kwargs) -> FastPipeline:
+        """Load any diffusers pipeline directory (``DiffusionPipeline.from_pretrained``) and wrap it."""
+        from diffusers import DiffusionPipeline
+
+        import fastdiff.zoo.pipelines  # noqa: F401  (registers fastdiff's own pipeline classes)
+
+        path = Path(path_or_dir).expanduser()
+        looks_local = path.is_absolute() or str(path_or_dir).startswith((".", "~")) or path.exists()
+        if looks_local:
+            if not path.is_dir():
+                raise FileNotFoundError(f"model directory {str(path_or_dir)!r} does not exist")
+            if not (path / "model_index.json").is_file():
+                raise ValueError(
+                    f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)"
+                )
+        return cls(DiffusionPipeline.from_pretrained(str(path), **kwargs), accelerators=accelerators)
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        """The pipeline's UNet or transformer."""
+        return getattr(self.pipe, self.denoiser_name)
+
+    # -- accelerators -------------------------------------------------------------------------------------
+
+    @property
+    def accelerators(self) -> tuple[Accelerator, ...]:
+        """The active accelerator configs, in the order they were applied."""
+        return tuple(config for config, _ in self._active)
+
+    def accelerate(self, *accelerators) -> Handle:
+        """Apply configs or spec strings; refuse conflicts before changing anything. Returns a removable handle."""
+        configs = parse(list(accelerators))
+        fresh: list[Accelerator] = []
+        for config in configs:
+            if config not in self.accelerators and config not in fresh:
+                fresh.append(config)
+        check_conflicts(list(self.accelerators), fresh)
+        applied: list[tuple[Accelerator, Handle]] = []
+        try:
+            for config in apply_order(fresh):
+                applied.append((config, config.apply(self)))
+        except BaseException:
+            for _, handle in reversed(applied):
+                handle.remove()
+            raise
+        self._active.extend(applied)
+
+        def forget():
+            self._active[:] = [(c, h) for c, h in self._active if all(h is not a for _, a in applied)]
+
+        return HandleGroup([h for _, h in applied], on_remove=forget)
+
+    def remove_all(self) -> None:
+        for _, handle in reversed(self._active):
+            handle.remove()
+        self._active.clear()
+
+    def unwrap(self):
+        """Remove every accelerator and the wrapper's own hooks; return the plain diffusers pipeline."""
+        self.remove_all()
+        for handle in self._trackers:
+            handle.remove()
+        self.pipe.__dict__.pop("_fastdiff_wrapper", None)
+        return self.pipe
+
+    def set_call_default(self, key: str, value: Any) -> Handle:
+        """Default a call argument (e.g. ``num_inference_steps``) unless the caller passes it."""
+        if key in self._defaults:
+            raise ValueError(f"call default {key!r} is already set by another accelerator")
+        self._defaults[key] = value
+        return Handle(lambda: self._defaults.pop(key, None))
+
+    # -- calling ------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        for key, value in self._defaults.items():
+            kwargs.setdefault(key, value)
+        self._check_call(kwargs)
+        facts = PIPELINES.get(type(self.pipe).__name__)
+        self.context.begin_call(cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else ())
+        scheduler = self.pipe.scheduler
+        shadowed = scheduler.__dict__.get("step")
+        original_step = scheduler.step
+        params = inspect.signature(original_step).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+        def counted_step(*a, **k):
+            if not takes_any:  # e.g. DDPMPipeline passes generator= even to schedulers without one
+                k = {key: v for key, v in k.items() if key in params}
+            out = original_step(*a, **k)
+            self.context.step += 1
+            return out
+
+        scheduler.step = counted_step  # instance attribute for this call only; the class method is untouched
+        try:
+            output = self.pipe(*args, **kwargs)
+        finally:
+            if shadowed is None:
+                del scheduler.step
+            else:
+                scheduler.step = shadowed
+        _check_finite(output)
+        return output
+
+    def _check_call(self, kwargs: dict) -> None:
+        steps = kwargs.get("num_inference_steps")
+        if steps is not None and (not isinstance(steps, int) or steps <= 0):
+            raise ValueError(f"num_inference_steps must be a positive integer, got {steps!r}")
+        factor = self.size_factor()
+        for key in ("height", "width"):
+            size = kwargs.get(key)
+            if size is not None and (size <= 0 or size % factor):
+                raise ValueError(f"{key}={size} must be a positive multiple of {factor} for this model")
+
+    def size_factor(self) -> int:
+        """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling."""
+        vae_factor = getattr(self.pipe, "vae_scale_factor", 1) or 1
+        blocks = getattr(self.denoiser.config, "block_out_channels", None)
+        patch = getattr(self.denoiser.config, "patch_size", None) or 1
+        return int(vae_factor * (2 ** (len(blocks) - 1) if blocks else patch))
+
+    # -- pass-through -------------------------------------------------------------------------------------
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["pipe"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            setattr(self.pipe, name, value)
+
+    def __repr__(self) -> str:
+        specs = ";".join(map(str, self.accelerators)) or "none"
+        return f"FastPipeline({type(self.pipe).__name__}, accelerators={specs})"
+
+    @property
+    def call_signature(self) -> inspect.Signature:
+        return inspect.signature(self.pipe.__call__)
+
+
+def _check_finite(output: Any) -> None:
+    images = getattr(output, "images", None)
+    if isinstance(images, torch.Tensor):
+        finite = bool(torch.isfinite(images).all())
+    elif isinstance(images, np.ndarray):
+        finite = bool(np.isfinite(images).all())
+    else:
+        return
+    if not finite:
+        raise NonFiniteOutputError(
+            "the pipeline produced NaN or inf values; the output is on .output", output
+        )

@@ -1,0 +1,210 @@
+"""``fastdiff bench``: configs side by side on one model, same inputs and seeds, speed and quality in one run.
+
+Every config gets one warm-up and ``runs`` timed runs. Fidelity (PSNR/SSIM) is measured against the first
+config's images; model-specific quality (accuracy/FD on the digits reference, ODE error on the exact model)
+is added where the model has an evaluator.
+
+Example::
+
+    from fastdiff.eval.bench import run_bench
+    result = run_bench("/tmp/tiny-sd", [("ddim50", "scheduler(name=ddim,steps=50)"),
+                                        ("dpm20", "scheduler(name=dpm++2m,steps=20)")], runs=2)
+    print(result["configs"][1]["speedup"], result["configs"][1]["psnr"])
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from tqdm.auto import tqdm
+
+from fastdiff.core.models import pipeline_facts
+from fastdiff.core.pipeline import FastPipeline
+from fastdiff.eval import quality_for
+from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.grid import save_grid
+
+PROMPTS = [
+    "a photograph of an astronaut riding a horse",
+    "a watercolor painting of a fox in a snowy forest",
+    "a red vintage car parked on a cobblestone street",
+    "a bowl of fruit on a wooden table, studio lighting",
+]
+
+
+@contextmanager
+def peak_rss_mb(interval: float = 0.005):
+    """Sample this process's resident memory in a thread; yields a dict whose "peak" is set on exit (MiB)."""
+    process, result, stop = psutil.Process(), {"peak": 0.0}, threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
+            stop.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        stop.set()
+        thread.join()
+        result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
+
+
+def make_inputs(pipe, batch: int | None = None, guidance: float | None = None) -> dict[str, Any]:
+    """Call arguments for a benchmark batch, from the pipeline's facts (prompts, labels or a batch size)."""
+    facts = pipeline_facts(pipe)
+    batch = batch or facts.default_batch
+    if facts.inputs == "prompt":
+        kwargs: dict[str, Any] = {"prompt": [PROMPTS[i % len(PROMPTS)] for i in range(batch)]}
+    elif facts.inputs == "class_labels":
+        kwargs = {"class_labels": [i % facts.num_classes for i in range(batch)]}
+    else:
+        kwargs = {"batch_size": batch}
+    if facts.cfg_layout:
+        kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
+    return kwargs
+
+
+def time_runs(fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None):
+    """One untimed warm-up, then ``runs`` timed calls. Returns (seconds per run, last output, peak RSS MiB)."""
+    fn()
+    seconds, output = [], None
+    with peak_rss_mb() as rss:
+        for _ in range(runs):
+            start = time.perf_counter()
+            output = fn()
+            seconds.append(time.perf_counter() - start)
+            if on_run:
+                on_run()
+    return seconds, output, rss["peak"]
+
+
+def run_bench(
+    model: str | Path | FastPipeline,
+    configs: list[tuple[str, str]],
+    steps: int | None = 20,
+    runs: int = 3,
+    seed: int = 0,
+    threads: int | None = None,
+    batch: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    guidance: float | None = None,
+    json_path: str | Path | None = None,
+    quality: bool = True,
+    image_dir: str | Path | None = None,
+) -> dict:
+    """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON)."""
+    if runs <= 0:
+        raise ValueError(f"runs must be a positive integer, got {runs}")
+    if not configs:
+        raise ValueError("give at least one --config NAME=SPECS")
+    if threads:
+        torch.set_num_threads(threads)
+    fp = model if isinstance(model, FastPipeline) else FastPipeline.from_pretrained(model)
+    fp.pipe.set_progress_bar_config(disable=True)
+    inputs = make_inputs(fp.pipe, batch, guidance)
+    for key, value in (("height", height), ("width", width)):
+        if value:
+            inputs[key] = value
+    evaluator = quality_for(fp.pipe) if quality else None
+    results, reference = [], None
+    bar = tqdm(total=len(configs) * (runs + 1), desc="bench", unit="run")
+    for name, specs in configs:
+        handle = fp.accelerate(specs) if specs.strip() else None
+        try:
+            call = dict(inputs, output_type="np")
+            if steps and "num_inference_steps" not in fp._defaults:
+                call["num_inference_steps"] = steps
+
+            def once(call=call):
+                return fp(**call, generator=torch.Generator().manual_seed(seed))
+
+            bar.set_postfix_str(name)
+            seconds, output, rss = time_runs(once, runs, on_run=bar.update)
+            bar.update(1)
+            images = np.asarray(output.images)
+            if image_dir:
+                save_grid(
+                    images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])
+                )
+            row = {
+                "name": name,
+                "specs": specs,
+                "seconds_median": statistics.median(seconds),
+                "seconds": seconds,
+                "denoiser_calls": fp.context.nfe,
+                "peak_rss_mb": round(rss, 1),
+                "speedup": None,
+                "psnr": None,
+                "ssim": None,
+            }
+            if reference is None:
+                reference = images
+            else:
+                row["psnr"], row["ssim"] = psnr(images, reference), ssim(images, reference)
+            if evaluator is not None:
+                row.update(evaluator(fp.pipe, call, images, seed))
+        finally:
+            if handle is not None:
+                handle.remove()
+        row["speedup"] = results[0]["seconds_median"] / row["seconds_median"] if results else 1.0
+        results.append(row)
+    bar.close()
+    out = {
+        "model": str(getattr(fp.pipe, "name_or_path", "")),
+        "pipeline": type(fp.pipe).__name__,
+        "settings": {"steps": steps, "runs": runs, "seed": seed, "threads": torch.get_num_threads(),
+                     "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
+        "configs": results,
+    }  # fmt: skip
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def _batch(inputs: dict) -> int:
+    for key in ("prompt", "class_labels"):
+        if key in inputs:
+            return len(inputs[key])
+    return int(inputs.get("batch_size", 1))
+
+
+def format_table(result: dict) -> str:
+    """A fixed-width table of a bench result."""
+    base = ["name", "seconds_median", "speedup", "denoiser_calls", "peak_rss_mb", "psnr", "ssim"]
+    extra = sorted({k for row in result["configs"] for k in row} - set(base) - {"specs", "seconds"})
+    cols = base + extra
+    rows = [[_fmt(row.get(c)) for c in cols] for row in result["configs"]]
+    header = ["config", "s (median)", "speedup", "NFE", "RSS MiB", "PSNR", "SSIM", *extra]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "inf"
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,1 @@
+"""Guidance accelerators: classifier-free guidance only where it matters."""

@@ -1,0 +1,51 @@
+"""Model builders: every model fastdiff tests and benchmarks on is built here, offline.
+
+Each builder writes a diffusers pipeline directory that ``FastPipeline.from_pretrained`` loads.
+
+Example::
+
+    from fastdiff.zoo import build
+    path = build("tiny-sd", "/tmp/tiny-sd", size="test")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+Builder = Callable[..., None]
+ZOO: dict[str, tuple[Builder, tuple[str, ...]]] = {}
+
+
+def register_model(name: str, sizes: tuple[str, ...] = ("test", "bench")):
+    """Register ``fn(out_dir: Path, size: str, seed: int) -> None`` as the builder of ``name``."""
+
+    def decorator(fn: Builder) -> Builder:
+        ZOO[name] = (fn, sizes)
+        return fn
+
+    return decorator
+
+
+def available() -> list[str]:
+    _load_builders()
+    return sorted(ZOO)
+
+
+def build(name: str, out_dir: str | Path, size: str = "test", seed: int = 0) -> Path:
+    """Build model ``name`` at ``size`` into ``out_dir`` and return the directory."""
+    _load_builders()
+    if name not in ZOO:
+        raise ValueError(f"unknown zoo model {name!r}; available: {', '.join(sorted(ZOO))}")
+    fn, sizes = ZOO[name]
+    if size not in sizes:
+        raise ValueError(f"zoo model {name!r} has no size {size!r}; allowed: {', '.join(sizes)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fn(out, size=size, seed=seed)
+    return out
+
+
+def _load_builders() -> None:
+    # Importing the modules runs their @register_model decorators.
+    from fastdiff.zoo import gmm, reference, tiny  # noqa: F401

@@ -1,0 +1,260 @@
+"""The core: wrapper, registry, specs, step context, sampler presets, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.hooks import ModelHook
+
+import fastdiff
+from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.core.hooks import install_hook
+from fastdiff.core.registry import REGISTRY, available, conflict_reason
+from fastdiff.schedulers import PRESETS
+from fastdiff.zoo import build
+from fastdiff.zoo.tiny import PIPELINE_MAKERS, make_pipeline
+
+FAMILIES = sorted(PIPELINE_MAKERS)
+
+
+def call_kwargs(pipe, steps=3, guidance=None):
+    name = type(pipe).__name__
+    kwargs = {
+        "num_inference_steps": steps,
+        "output_type": "np",
+        "generator": torch.Generator().manual_seed(0),
+    }
+    if name.startswith("StableDiffusion"):
+        kwargs["prompt"] = ["a red fox", "a blue car"]
+    elif name == "DiTPipeline":
+        kwargs["class_labels"] = [1, 2]
+    else:
+        kwargs["batch_size"] = 2
+    if guidance is not None:
+        kwargs["guidance_scale"] = guidance
+    return kwargs
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    out = {}
+    for name in FAMILIES:
+        pipe = make_pipeline(name, "test")
+        pipe.set_progress_bar_config(disable=True)
+        out[name] = pipe
+    return out
+
+
+@pytest.fixture
+def sd(pipes):
+    fp = FastPipeline(pipes["tiny-sd"])
+    yield fp
+    fp.remove_all()
+
+
+def test_wrapper_output_equals_raw_pipeline(pipes):
+    for name, pipe in pipes.items():
+        raw = pipe(**call_kwargs(pipe)).images
+        fp = FastPipeline(pipe)
+        wrapped = fp(**call_kwargs(pipe))
+        assert type(wrapped).__name__ == "ImagePipelineOutput" or hasattr(wrapped, "images")
+        np.testing.assert_array_equal(wrapped.images, raw, err_msg=name)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_runs_every_preset(pipes, family, preset):
+    fp = FastPipeline(pipes[family])
+    original = fp.pipe.scheduler
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = fp.accelerate(f"scheduler(name={preset},steps=2)")
+    kwargs = call_kwargs(fp.pipe)
+    del kwargs["num_inference_steps"]  # the preset's steps are the default
+    images = fp(**kwargs).images
+    assert np.isfinite(images).all() and images.shape[0] == 2
+    assert fp.context.step == fp.context.num_steps >= 2
+    assert fp.context.nfe >= 2
+    assert type(fp.pipe.scheduler).__name__ == PRESETS[preset][0]
+    handle.remove()
+    assert fp.pipe.scheduler is original
+
+
+def test_remove_restores_bit_identical_and_apply_twice_is_once(sd):
+    before = sd(**call_kwargs(sd.pipe)).images
+    handle = sd.accelerate("scheduler(name=unipc,steps=3)")
+    changed = sd(**call_kwargs(sd.pipe)).images
+    assert not np.array_equal(before, changed)
+    again = sd.accelerate("scheduler(name=unipc,steps=3)")
+    assert len(sd.accelerators) == 1
+    np.testing.assert_array_equal(sd(**call_kwargs(sd.pipe)).images, changed)
+    again.remove()
+    handle.remove()
+    assert sd.accelerators == ()
+    np.testing.assert_array_equal(sd(**call_kwargs(sd.pipe)).images, before)
+
+
+def test_steps_default_and_explicit_override(sd):
+    sd.accelerate("scheduler(name=ddim,steps=4)")
+    kwargs = call_kwargs(sd.pipe)
+    del kwargs["num_inference_steps"]
+    sd(**kwargs)
+    assert sd.context.num_steps == 4
+    sd(**kwargs, num_inference_steps=2)
+    assert sd.context.num_steps == 2
+
+
+def default_instances():
+    out = []
+    for name in available():
+        cls = REGISTRY[name]
+        if all(f.default is not dataclasses.MISSING for f in dataclasses.fields(cls)):
+            out.append(cls())
+    return out
+
+
+def test_spec_round_trip_for_every_registered_config():
+    configs = default_instances() + [fastdiff.parse(f"scheduler(name={p},steps=7)")[0] for p in PRESETS]
+    assert configs
+    for config in configs:
+        assert fastdiff.parse(str(config)) == [config], str(config)
+    joined = ";".join(map(str, configs[:3]))
+    assert fastdiff.parse(joined) == configs[:3]
+
+
+def test_conflict_declarations_are_symmetric():
+    classes = [REGISTRY[n] for n in available()]
+    for a in classes:
+        for b in classes:
+            assert (b.spec_name in a.conflicts_with) == (a.spec_name in b.conflicts_with), (a, b)
+    for a in default_instances():
+        for b in default_instances():
+            assert (conflict_reason(a, b) is None) == (conflict_reason(b, a) is None), (a, b)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("warp(factor=2)", "unknown accelerator 'warp'"),
+        ("scheduler(name=ddim,speed=3)", "unknown option 'speed'"),
+        ("scheduler(steps=many)", "'many' is not a valid int"),
+        ("scheduler(name=fast)", "choose one of ddim"),
+        ("scheduler(steps=0)", "steps must be a positive integer"),
+        ("scheduler(name=ddim", "malformed accelerator spec"),
+        ("scheduler(steps)", "must be key=value"),
+    ],
+)
+def test_bad_specs_raise_and_change_nothing(sd, spec, message):
+    scheduler = sd.pipe.scheduler
+    with pytest.raises(AcceleratorError, match=message):
+        sd.accelerate(spec)
+    assert sd.pipe.scheduler is scheduler and sd.accelerators == ()
+
+
+def test_conflicting_pair_is_refused_before_anything_changes(sd):
+    scheduler = sd.pipe.scheduler
+    with pytest.raises(AcceleratorError, match=r"scheduler\(name=ddim.*conflicts with scheduler\(name=unipc"):
+        sd.accelerate("scheduler(name=unipc);scheduler(name=ddim)")
+    assert sd.pipe.scheduler is scheduler and sd.accelerators == ()
+
+
+def test_bad_calls(sd):
+    kwargs = call_kwargs(sd.pipe)
+    with pytest.raises(ValueError, match="num_inference_steps must be a positive integer"):
+        sd(**{**kwargs, "num_inference_steps": 0})
+    factor = sd.size_factor()
+    with pytest.raises(ValueError, match=f"height=33 must be a positive multiple of {factor}"):
+        sd(**kwargs, height=33, width=32)
+
+
+def test_lcm_on_non_lcm_model_warns(sd):
+    with pytest.warns(UserWarning, match="expects an LCM-distilled model"):
+        sd.accelerate("scheduler(name=lcm)")
+
+
+def test_missing_and_non_pipeline_directories(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        FastPipeline.from_pretrained(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a diffusers pipeline directory"):
+        FastPipeline.from_pretrained(tmp_path / "empty")
+
+
+class Recorder(ModelHook):
+    def __init__(self, context):
+        super().__init__()
+        self.context, self.seen = context, []
+
+    def pre_forward(self, module, *args, **kwargs):
+        c = self.context
+        self.seen.append((c.step, c.num_steps, c.timestep, c.branches, args[0].shape[0]))
+        return args, kwargs
+
+
+@pytest.mark.parametrize("guidance, branches", [(7.5, ("uncond", "cond")), (1.0, ("cond",))])
+def test_step_context_published_to_hooks(sd, guidance, branches):
+    recorder = Recorder(sd.context)
+    handle = install_hook(sd.denoiser, recorder, "test.recorder")
+    try:
+        sd(**call_kwargs(sd.pipe, steps=4, guidance=guidance))
+    finally:
+        handle.remove()
+    timesteps = [float(t) for t in sd.pipe.scheduler.timesteps]
+    assert [s[0] for s in recorder.seen] == [0, 1, 2, 3]
+    assert all(s[1] == 4 for s in recorder.seen)
+    assert [s[2] for s in recorder.seen] == timesteps
+    assert all(s[3] == branches and s[4] == 2 * len(branches) for s in recorder.seen)
+    assert sd.context.nfe == 4
+
+
+def test_dit_branch_layout_is_cond_first(pipes):
+    fp = FastPipeline(pipes["tiny-dit"])
+    fp(**call_kwargs(fp.pipe, guidance=4.0))
+    assert fp.context.branches == ("cond", "uncond")
+
+
+def test_save_and_reload_through_from_pretrained(tmp_path, sd):
+    sd.save_pretrained(tmp_path / "saved")
+    loaded = FastPipeline.from_pretrained(tmp_path / "saved")
+    loaded.pipe.set_progress_bar_config(disable=True)
+    np.testing.assert_array_equal(
+        loaded(**call_kwargs(loaded.pipe)).images, sd(**call_kwargs(sd.pipe)).images
+    )
+    raw = DiffusionPipeline.from_pretrained(tmp_path / "saved")
+    assert type(raw).__name__ == type(sd.pipe).__name__
+
+
+def test_bench_reports_every_key(tmp_path):
+    from fastdiff.cli.main import main
+
+    model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
+    out = tmp_path / "bench.json"
+    main([
+        "bench", str(model), "--config", "ddim4=scheduler(name=ddim,steps=4)",
+        "--config", "dpm2=scheduler(name=dpm++2m,steps=2)", "--runs", "2", "--json", str(out), "--threads", "1",
+    ])  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["configs"]
+    keys = {
+        "name",
+        "specs",
+        "seconds_median",
+        "seconds",
+        "denoiser_calls",
+        "peak_rss_mb",
+        "speedup",
+        "psnr",
+        "ssim",
+    }
+    assert [r["name"] for r in rows] == ["ddim4", "dpm2"]
+    assert all(keys <= set(r) for r in rows)
+    assert rows[0]["psnr"] is None and rows[0]["speedup"] == 1.0
+    assert rows[0]["denoiser_calls"] == 4 and rows[1]["denoiser_calls"] == 2
+    assert len(rows[1]["seconds"]) == 2 and rows[1]["peak_rss_mb"] > 0
+    assert 0 < rows[1]["psnr"] < 100 and -1 <= rows[1]["ssim"] < 1
