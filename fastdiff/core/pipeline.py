@@ -86,7 +86,9 @@ class FastPipeline:
                 raise ValueError(
                     f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)"
                 )
-        return cls(DiffusionPipeline.from_pretrained(str(path), **kwargs), accelerators=accelerators)
+        pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
+        _own_weights(pipe)
+        return cls(pipe, accelerators=accelerators)
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -210,6 +212,15 @@ class FastPipeline:
     @property
     def call_signature(self) -> inspect.Signature:
         return inspect.signature(self.pipe.__call__)
+
+
+def _own_weights(pipe) -> None:
+    # Memory-mapped safetensors can leave weights misaligned, which changes CPU kernel rounding; copying
+    # makes a reloaded pipeline reproduce the saved one bit for bit.
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in list(component.parameters()) + list(component.buffers()):
+                tensor.data = tensor.data.clone()
 
 
 def _check_finite(output: Any) -> None:

@@ -1,0 +1,64 @@
+"""Overhead of FastPipeline (no accelerators) over the raw diffusers pipeline, interleaved to cancel drift.
+
+Run:  .venv/bin/python benchmarks/wrapper_overhead.py --size bench --steps 20 --pairs 5 --threads 1
+
+Calls alternate raw, wrapped, raw, wrapped ... on the same pipeline object with the same seed; the
+printed ratio is median(wrapped) / median(raw), and the images are checked to be bit-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastdiff import FastPipeline
+from fastdiff.zoo.tiny import make_pipeline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-sd")
+    parser.add_argument("--size", default="bench", choices=["test", "bench"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default="benchmarks/results/wrapper_overhead.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    pipe = make_pipeline(args.model, args.size)
+    pipe.set_progress_bar_config(disable=True)
+    call = {"prompt": "a photograph of an astronaut riding a horse", "num_inference_steps": args.steps,
+            "output_type": "np"}  # fmt: skip
+
+    def run(fn):
+        start = time.perf_counter()
+        images = fn(**call, generator=torch.Generator().manual_seed(0)).images
+        return time.perf_counter() - start, images
+
+    fp = FastPipeline(pipe)
+    run(pipe), run(fp)  # warm-up
+    raw, wrapped = [], []
+    for _ in range(args.pairs):
+        t_raw, img_raw = run(pipe)
+        t_fp, img_fp = run(fp)
+        raw.append(t_raw)
+        wrapped.append(t_fp)
+        assert np.array_equal(img_raw, img_fp), "wrapped output differs from the raw pipeline"
+    ratio = statistics.median(wrapped) / statistics.median(raw)
+    result = {"model": f"{args.model}-{args.size}", "steps": args.steps, "threads": args.threads,
+              "raw_seconds": raw, "wrapped_seconds": wrapped, "overhead_percent": 100 * (ratio - 1)}  # fmt: skip
+    print(f"raw median {statistics.median(raw):.3f} s, wrapped median {statistics.median(wrapped):.3f} s, "
+          f"overhead {100 * (ratio - 1):+.2f}% (outputs bit-identical)")  # fmt: skip
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
