@@ -21,23 +21,13 @@ from fastdiff.core import (
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ClassConditionalPipeline": "fastdiff.zoo.pipelines",
-    "GMMPipeline": "fastdiff.zoo.gmm",
-    "GMMDenoiser": "fastdiff.zoo.gmm",
-}
-
-
-def __getattr__(name: str):
-    # Lazy so that `import fastdiff` stays light; diffusers resolves saved fastdiff classes through this.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'fastdiff' has no attribute {name!r}")
-
+# fastdiff's own pipelines; importing them registers their classes with diffusers, so that
+# DiffusionPipeline.from_pretrained loads saved fastdiff pipelines after `import fastdiff`.
+from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline  # noqa: E402
+from fastdiff.zoo.pipelines import ClassConditionalPipeline  # noqa: E402
 
 __all__ = [
     "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "NonFiniteOutputError",
-    "UnsupportedModelError", "available", "parse", "register", *_LAZY,
+    "UnsupportedModelError", "available", "parse", "register", "ClassConditionalPipeline", "GMMDenoiser",
+    "GMMPipeline",
 ]  # fmt: skip

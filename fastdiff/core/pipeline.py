@@ -75,7 +75,7 @@ class FastPipeline:
         """Load any diffusers pipeline directory (``DiffusionPipeline.from_pretrained``) and wrap it."""
         from diffusers import DiffusionPipeline
 
-        import fastdiff.zoo.pipelines  # noqa: F401  (registers fastdiff's own pipeline classes)
+        import fastdiff  # noqa: F401  (registers fastdiff's own pipeline classes with diffusers)
 
         path = Path(path_or_dir).expanduser()
         looks_local = path.is_absolute() or str(path_or_dir).startswith((".", "~")) or path.exists()
