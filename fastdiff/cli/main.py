@@ -124,6 +124,27 @@ def cmd_profile(args) -> None:
     print(table)
 
 
+def cmd_compress(args) -> None:
+    import json
+
+    from fastdiff.compress.recover import compress_model
+
+    report = compress_model(
+        resolve_model(args.model, args.size), args.out, args.accel, recover_steps=args.recover_steps, lr=args.lr,
+        batch=args.batch or 32, gt_weight=args.gt_weight, resume=not args.no_resume,
+    )  # fmt: skip
+    print(json.dumps(report, indent=2, default=str))
+    print(f"compressed model in {args.out}; load it with fastdiff.compress.recover.load_compressed({args.out!r})")
+
+
+def cmd_export_onnx(args) -> None:
+    from fastdiff.compress.onnx_export import export_onnx
+
+    result = export_onnx(resolve_model(args.model, args.size), args.out, vae=args.vae, opset=args.opset)
+    for key, value in result.items():
+        print(f"{key}: {value}")
+
+
 def cmd_demo(args) -> None:
     from fastdiff.cli.demo import run_demo
 
@@ -194,6 +215,23 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=int, default=None)
     prof.add_argument("--top", type=int, default=15)
     prof.set_defaults(func=cmd_profile)
+
+    comp = sub.add_parser("compress", help="apply weight-changing accelerators, recover by distillation, save")
+    model_args(comp)
+    comp.add_argument("out")
+    comp.add_argument("--accel", required=True, help="compress specs, e.g. 'prune(ratio=0.5)'")
+    comp.add_argument("--recover-steps", type=int, default=200)
+    comp.add_argument("--lr", type=float, default=5e-4)
+    comp.add_argument("--gt-weight", type=float, default=0.0, help="weight of the plain denoising loss")
+    comp.add_argument("--no-resume", action="store_true")
+    comp.set_defaults(func=cmd_compress)
+
+    onnx = sub.add_parser("export-onnx", help="export the denoiser (and VAE decoder) to ONNX, checked")
+    model_args(onnx)
+    onnx.add_argument("out")
+    onnx.add_argument("--vae", action="store_true", help="also export the VAE decoder")
+    onnx.add_argument("--opset", type=int, default=17)
+    onnx.set_defaults(func=cmd_export_onnx)
 
     demo = sub.add_parser("demo", help="the main job: reference model, baseline vs accelerated")
     demo.add_argument("--out", default="out/demo")

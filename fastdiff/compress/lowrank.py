@@ -1,0 +1,235 @@
+"""Low-rank factorization: SVD-split Linear and conv layers of the denoiser into two thinner layers.
+
+``lowrank(energy=0.9, rank=None, targets=linear)`` replaces each chosen layer ``W`` (out x in) by
+``B @ A`` with ``A = sqrt(S) V^T[:r]`` and ``B = U[:, :r] sqrt(S)`` from ``torch.linalg.svd``:
+
+- ``Linear(in, out)`` -> ``Linear(in, r, bias=False)`` + ``Linear(r, out)``; a 1x1 conv the same as convs;
+- a ``k x k`` conv -> ``k x k`` conv to ``r`` channels (same stride/padding) + ``1x1`` conv to ``out``
+  (SVD of the weight reshaped to ``out x (in k k)``).
+
+The rank of each layer is the smallest that keeps ``energy`` of the squared singular values, or ``rank``
+when given (capped at the full rank). A layer is left alone unless the split has fewer MACs
+(``r (in + out) < in out`` for Linear/1x1, ``r (in k k + out) < in out k k`` for k x k). The layers are
+swapped on their parents (``setattr``); ``remove()`` puts the original modules back. The handle reports
+``params_before/after``, ``macs_before/after`` (torch's ``FlopCounterMode`` on the captured denoiser call,
+MACs = FLOPs / 2), ``ranks`` ({layer: rank}) and ``layers``.
+
+``targets``: ``linear``, ``conv1x1``, ``conv3x3`` (any k x k conv with k > 1), ``linear+conv1x1`` or ``all``.
+``ranks_file`` (a JSON ``{layer: rank}``, relative paths resolved against the denoiser's directory) factors
+exactly those layers at those ranks: it re-creates a saved factorization (see ``fastdiff.compress.recover``).
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
+    handle = fp.accelerate("lowrank(energy=0.9,targets=all)")
+    info = handle.handles[0]
+    print(info.layers, info.macs_after / info.macs_before)
+    handle.remove()
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from fastdiff.core.hooks import Handle
+from fastdiff.core.models import denoiser_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+TARGETS = {
+    "linear": ("linear",),
+    "conv1x1": ("conv1x1",),
+    "conv3x3": ("conv3x3",),
+    "linear+conv1x1": ("linear", "conv1x1"),
+    "all": ("linear", "conv1x1", "conv3x3"),
+}
+
+
+def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
+    """(parameters, multiply-accumulates of one call on ``inputs``) counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = sum(p.numel() for p in module.parameters())
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        type(module).forward(module, **inputs)  # the class forward: the wrapper's hooks must not count it
+    return params, counter.get_total_flops() // 2
+
+
+def layer_kind(m: nn.Module) -> str | None:
+    """ "linear", "conv1x1", "conv3x3" (any k x k, k > 1) or None for layers this module cannot split."""
+    if isinstance(m, nn.Linear):
+        return "linear"
+    if isinstance(m, nn.Conv2d) and m.groups == 1 and isinstance(m.padding, (tuple, int)):
+        return "conv1x1" if m.kernel_size == (1, 1) else "conv3x3"
+    return None
+
+
+def split_macs(m: nn.Module, r: int) -> tuple[int, int]:
+    """(MACs per output position of the layer, of its rank-r split)."""
+    out_ch = m.out_features if isinstance(m, nn.Linear) else m.out_channels
+    fan_in = m.weight[0].numel()  # in (Linear) or in * k * k (conv)
+    return fan_in * out_ch, r * (fan_in + out_ch)
+
+
+def choose_rank(s: torch.Tensor, energy: float, rank: int | None) -> int:
+    if rank is not None:
+        return min(rank, len(s))
+    kept = torch.cumsum(s.double() ** 2, 0) / (s.double() ** 2).sum()
+    return int(torch.searchsorted(kept, torch.tensor(energy, dtype=kept.dtype)).item()) + 1
+
+
+class LowRankSplit(nn.Sequential):
+    """The two layers (thin, then widening) that replace one layer split by ``lowrank``."""
+
+
+def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:
+    """Two layers whose composition is the rank-r SVD truncation of ``m``."""
+    w = m.weight.detach().float().reshape(m.weight.shape[0], -1)
+    u, s, vh = svd if svd is not None else torch.linalg.svd(w, full_matrices=False)
+    root = s[:r].sqrt()
+    a, b = root[:, None] * vh[:r], u[:, :r] * root[None, :]
+    dtype = m.weight.dtype
+    if isinstance(m, nn.Linear):
+        first = nn.Linear(m.in_features, r, bias=False)
+        second = nn.Linear(r, m.out_features, bias=m.bias is not None)
+    else:
+        first = nn.Conv2d(m.in_channels, r, m.kernel_size, m.stride, m.padding, m.dilation, bias=False,
+                          padding_mode=m.padding_mode)  # fmt: skip
+        second = nn.Conv2d(r, m.out_channels, 1, bias=m.bias is not None)
+    with torch.no_grad():
+        first.weight.copy_(a.reshape(first.weight.shape))
+        second.weight.copy_(b.reshape(second.weight.shape))
+        if m.bias is not None:
+            second.bias.copy_(m.bias)
+    return LowRankSplit(first, second).to(device=m.weight.device, dtype=dtype).train(m.training)
+
+
+@register
+@dataclass(frozen=True)
+class LowRank(Accelerator):
+    """SVD-factorize Linear/conv layers into two thinner ones. Example: ``fp.accelerate("lowrank(energy=0.9)")``."""
+
+    energy: float = 0.9
+    rank: int | None = None
+    targets: Literal["linear", "conv1x1", "conv3x3", "linear+conv1x1", "all"] = "linear"
+    ranks_file: str | None = None
+
+    spec_name = "lowrank"
+    kind = "compress"
+    touches = frozenset({"denoiser.weights", "denoiser.structure"})
+    exclusive = frozenset({"denoiser.structure"})
+
+    def validate(self) -> None:
+        if not 0 < self.energy <= 1:
+            raise AcceleratorError(f"lowrank: energy must be in (0, 1], got {self.energy}")
+        if self.rank is not None and self.rank < 1:
+            raise AcceleratorError(f"lowrank: rank must be a positive integer or none, got {self.rank}")
+        if self.targets not in TARGETS:
+            raise AcceleratorError(
+                f"lowrank: targets {self.targets!r} not allowed; choose one of {', '.join(TARGETS)}"
+            )
+
+    def apply(self, fp) -> Handle:
+        from fastdiff.compress.prune import refuse_hooked_blocks
+        from fastdiff.compress.recover import capture_inputs
+
+        den = fp.denoiser
+        denoiser_facts(den, "lowrank")
+        refuse_hooked_blocks(den, "lowrank")
+        inputs = capture_inputs(fp, batch=2)
+        params_before, macs_before = count_params_macs(den, inputs)
+        plan = self._plan(den)
+        swapped, ranks = [], {}
+        for name, (m, r, svd) in plan.items():
+            parent_name, _, child = name.rpartition(".")
+            parent = den.get_submodule(parent_name)
+            setattr(parent, child, factorize(m, r, svd))
+            swapped.append((parent, child, m))
+            ranks[name] = r
+
+        def restore():
+            for parent, child, original in reversed(swapped):
+                setattr(parent, child, original)
+
+        params_after, macs_after = count_params_macs(den, inputs)
+        return Handle(
+            restore,
+            params_before=params_before,
+            params_after=params_after,
+            macs_before=macs_before,
+            macs_after=macs_after,
+            ranks=ranks,
+            layers=len(ranks),
+        )
+
+    def _plan(self, den) -> dict:
+        """{layer name: (module, rank, svd or None)} of the layers to split."""
+        modules = dict(den.named_modules())
+        if self.ranks_file:
+            path = Path(self.ranks_file)
+            if not path.is_absolute() and not path.exists():
+                path = Path(getattr(den.config, "_name_or_path", "") or ".") / path
+            if not path.is_file():
+                raise AcceleratorError(
+                    f"lowrank: ranks_file {self.ranks_file!r} not found (looked at {path})"
+                )
+            wanted = json.loads(path.read_text())
+            missing = [n for n in wanted if layer_kind(modules.get(n)) is None]
+            if missing:
+                raise AcceleratorError(f"lowrank: ranks_file names layers this model lacks: {missing[:3]}")
+            return {n: (modules[n], int(r), None) for n, r in wanted.items()}
+        kinds = TARGETS[self.targets]
+        plan = {}
+        for name, m in modules.items():
+            kind = layer_kind(m)
+            if kind not in kinds or min(m.weight.shape[0], m.weight[0].numel()) < 2:
+                continue
+            w = m.weight.detach().float().reshape(m.weight.shape[0], -1)
+            svd = torch.linalg.svd(w, full_matrices=False)
+            r = choose_rank(svd[1], self.energy, self.rank)
+            full, split = split_macs(m, r)
+            if split < full:  # otherwise the split costs at least as much: leave the layer alone
+                plan[name] = (m, r, svd)
+        return plan
+
+
+def factored_ranks(den) -> dict[str, int]:
+    """{layer name: rank} of the layers currently split by lowrank (for saving a factorization)."""
+    out = {}
+    for name, m in den.named_modules():
+        if isinstance(m, LowRankSplit):
+            first = m[0]
+            out[name] = first.out_features if isinstance(first, nn.Linear) else first.out_channels
+    return out
+
+
+def merge_factors(den) -> int:
+    """Replace every two-layer split in ``den`` by one dense layer with the product weight; returns the count."""
+    merged = 0
+    for name, rank in factored_ranks(den).items():
+        seq = den.get_submodule(name)
+        first, second = seq[0], seq[1]
+        a = first.weight.detach().reshape(rank, -1)
+        b = second.weight.detach().reshape(second.weight.shape[0], rank)
+        if isinstance(first, nn.Linear):
+            dense = nn.Linear(first.in_features, second.out_features, bias=second.bias is not None)
+        else:
+            dense = nn.Conv2d(first.in_channels, second.out_channels, first.kernel_size, first.stride,
+                              first.padding, first.dilation, bias=second.bias is not None,
+                              padding_mode=first.padding_mode)  # fmt: skip
+        with torch.no_grad():
+            dense.weight.copy_((b @ a).reshape(dense.weight.shape))
+            if second.bias is not None:
+                dense.bias.copy_(second.bias)
+        parent_name, _, child = name.rpartition(".")
+        setattr(den.get_submodule(parent_name), child, dense.to(first.weight.dtype))
+        merged += 1
+    return merged

@@ -1,0 +1,397 @@
+"""Structured channel pruning (torch-pruning) and weight sparsity masks for diffusers UNets.
+
+``prune(ratio=0.5, importance=magnitude|taylor)`` removes whole channels from a ``UNet2DModel`` or
+``UNet2DConditionModel`` and leaves a smaller dense UNet that runs at every batch size and resolution the
+original did. It is built on torch-pruning's ``DependencyGraph`` traced with the pipeline's own denoiser
+inputs (captured from a one-step call). What it keeps fixed and why:
+
+- ``conv_out`` outputs, the time/class/added embeddings (their width is ``time_embedding_dim``, written to the
+  config), and the cross-attention inputs (the text encoder's width);
+- ``GroupNorm``: when every group can lose the same number of channels (``c * (1 - ratio)`` whole for
+  ``c`` channels per group), every norm keeps its group count (torch-pruning's grouped pruning); otherwise
+  (e.g. 32 channels in 32 groups) whole groups go, ranked by their mean importance, and the group count
+  shrinks by the ratio everywhere (``norm_num_groups`` in the config);
+- attention keeps diffusers' head layout: ``UNet2DModel`` with an ``attention_head_dim`` loses whole heads,
+  the others lose head dimensions; GEGLU and scale-shift projections are pruned in both halves alike.
+- the sinusoidal time projection (as wide as the first block) keeps, for each frequency of the narrower
+  projection, the nearest one of the wider: exactly the same frequencies when the first width is divided by
+  an integer and ``freq_shift == 0``.
+
+The config is updated (``block_out_channels``, ``time_embedding_dim``, ``norm_num_groups``), so
+``save_pretrained`` and ``from_pretrained`` of the pruned UNet work; ``handle.config_exact`` says whether
+diffusers rebuilds exactly this structure from that config (checked on the meta device; a warning names the
+difference otherwise, e.g. for ratios that leave widths no config can express). The handle also reports
+``params_before/after`` and ``macs_before/after``. ``remove()`` puts the original modules back.
+
+``sparsity(pattern=2:4|unstructured, amount=0.5)`` masks Linear/conv weights with ``torch.nn.utils.prune``.
+2:4 (two of every four consecutive input weights) is what sparse tensor cores accelerate; on CPU masks give
+no speedup: the weights stay dense and only the saved files shrink when compressed.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
+    handle = fp.accelerate("prune(ratio=0.5)")
+    print(handle.handles[0].params_after / handle.handles[0].params_before)
+    handle.remove()
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from fastdiff.core.hooks import Handle
+from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
+# Modules whose output width must not change (time/condition embedding width, output image channels).
+_FIXED = ("conv_out", "time_embedding", "class_embedding", "add_embedding", "encoder_hid_proj")
+
+
+def check_unet(denoiser, accelerator: str) -> None:
+    """UnsupportedModelError unless the denoiser is a UNet whose channels this module knows how to prune."""
+    facts = denoiser_facts(denoiser, accelerator)
+    name = type(denoiser).__name__
+    if name not in SUPPORTED:
+        raise UnsupportedModelError(
+            f"{accelerator} prunes UNet channels; {name} is a {facts.family} whose widths "
+            f"(hidden size, heads, MLP) it does not prune; supported: {', '.join(SUPPORTED)}"
+        )
+
+
+@register
+@dataclass(frozen=True)
+class Prune(Accelerator):
+    """Structured channel pruning to a smaller dense UNet. Example: ``fp.accelerate("prune(ratio=0.5)")``."""
+
+    ratio: float = 0.5
+    importance: Literal["magnitude", "taylor"] = "magnitude"
+
+    spec_name = "prune"
+    kind = "compress"
+    touches = frozenset({"denoiser.weights", "denoiser.structure"})
+    exclusive = frozenset({"denoiser.weights", "denoiser.structure"})
+
+    def validate(self) -> None:
+        if not 0 < self.ratio < 1:
+            raise AcceleratorError(f"prune: ratio must be in (0, 1), got {self.ratio}")
+        if self.importance not in ("magnitude", "taylor"):
+            raise AcceleratorError(
+                f"prune: importance {self.importance!r} not allowed; use magnitude or taylor"
+            )
+
+    def apply(self, fp) -> Handle:
+        from fastdiff.compress.lowrank import count_params_macs
+        from fastdiff.compress.recover import capture_inputs
+
+        den = fp.denoiser
+        check_unet(den, "prune")
+        if den._parameters or den._buffers:
+            raise UnsupportedModelError(f"prune: {type(den).__name__} holds tensors outside its submodules")
+        refuse_hooked_blocks(den, "prune")
+        inputs = capture_inputs(fp, batch=2)
+        params_before, macs_before = count_params_macs(den, inputs)
+        originals, config = dict(den.named_children()), den._internal_dict
+
+        def restore():
+            for name, child in originals.items():
+                setattr(den, name, child)
+            den._internal_dict = config
+
+        for name, child in originals.items():  # prune copies; the originals come back on remove()
+            setattr(den, name, copy.deepcopy(child))
+        trainable = any(p.requires_grad for p in den.parameters())
+        try:
+            with torch.enable_grad():  # torch-pruning traces the graph through autograd
+                den.requires_grad_(True)
+                new_config = _prune_unet(den, inputs, self, fp)
+                den.requires_grad_(trainable)
+            set_config(den, new_config)
+            problem = config_mismatch(den)
+        except BaseException:
+            restore()
+            raise
+        den.zero_grad(set_to_none=True)
+        if problem:
+            warnings.warn(
+                f"prune: the pruned UNet differs from what its config rebuilds ({problem})", stacklevel=3
+            )
+        params_after, macs_after = count_params_macs(den, inputs)
+        return Handle(
+            restore,
+            params_before=params_before,
+            params_after=params_after,
+            macs_before=macs_before,
+            macs_after=macs_after,
+            block_out_channels=tuple(new_config["block_out_channels"]),
+            config_exact=problem is None,
+        )
+
+
+def refuse_hooked_blocks(den, accelerator: str) -> None:
+    """AcceleratorError if another accelerator hooks the denoiser's submodules (they would be replaced)."""
+    for name, m in den.named_modules():
+        registry = getattr(m, "_diffusers_hook", None)
+        if m is not den and registry is not None and registry.hooks:
+            raise AcceleratorError(
+                f"{accelerator}: {name} is hooked by {', '.join(registry.hooks)}; apply {accelerator} first "
+                "(in the same accelerate call, or before the others)"
+            )
+
+
+def _forward(model, inputs):
+    # The class forward, not the instance's: skips the wrapper's hooks (step counting) while tracing.
+    return type(model).forward(model, **inputs, return_dict=False)[0]
+
+
+def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
+    import torch_pruning as tp
+    from diffusers.models.attention_processor import Attention
+
+    ratio = cfg.ratio - 1e-9  # so that int(n * (1 - ratio)) is not lost to rounding (10 * 0.1 = 0.999..)
+    keep = 1 - ratio
+    old_c0 = den.conv_in.out_channels
+    temb_dim = den.time_embedding.linear_2.out_features
+    ignored = [m for n in _FIXED if isinstance(m := getattr(den, n, None), nn.Module)]
+    norms = {m: m.num_channels // m.num_groups for m in den.modules() if isinstance(m, nn.GroupNorm)}
+    # Keep every norm's group count when each group can lose the same number of channels; otherwise (e.g.
+    # one channel per group) remove whole groups: the group count shrinks by the same ratio everywhere.
+    whole_groups = not all(per * keep >= 1 and _integral(per * keep) for per in norms.values())
+    out_groups = _paired_projections(den)
+    attns = [m for m in den.modules() if isinstance(m, Attention)]
+    num_heads = {lin: a.heads for a in attns for lin in (a.to_q, a.to_k, a.to_v)}
+    head_dims = {a: a.inner_dim // a.heads for a in attns}
+    # UNet2DModel derives heads = width // attention_head_dim: remove whole heads to keep head_dim.
+    whole_heads = type(den).__name__ == "UNet2DModel" and den.config.attention_head_dim is not None
+    head_ratios = {}
+    if whole_heads:
+        for a in attns:
+            groups, width = a.group_norm.num_groups, a.group_norm.num_channels
+            kept = int(width * keep) if whole_groups else groups * int(width // groups * keep)
+            removed = a.heads - kept // head_dims[a]
+            head_ratios[a] = max(removed - 0.5, 0) / a.heads  # torch-pruning removes ceil(ratio * heads)
+    base = tp.importance.GroupTaylorImportance() if cfg.importance == "taylor" else None
+    base = base or tp.importance.GroupMagnitudeImportance(p=2)
+    pruner = tp.pruner.MetaPruner(
+        den,
+        inputs,
+        importance=_GroupMean(base, norms) if whole_groups else base,
+        pruning_ratio=ratio,
+        ignored_layers=ignored,
+        forward_fn=_forward,
+        in_channel_groups={},  # torch-pruning's default is one dict shared by every pruner
+        out_channel_groups=out_groups,
+        num_heads=num_heads,
+        prune_num_heads=whole_heads,
+        prune_head_dims=not whole_heads,
+        head_pruning_ratio_dict=head_ratios or None,
+    )
+    if whole_groups:  # plain channel ranking (group means) instead of torch-pruning's per-group positions
+        for table in (pruner.out_channel_groups, pruner.in_channel_groups):
+            for m in [m for m in table if isinstance(m, nn.GroupNorm)]:
+                del table[m]
+    if cfg.importance == "taylor":
+        _taylor_gradients(den, fp, inputs)
+    pruner.step()
+    return _fix_up(den, attns, head_dims, whole_heads, norms, whole_groups, old_c0, temb_dim)
+
+
+def _fix_up(den, attns, head_dims, whole_heads, norms, whole_groups, old_c0, temb_dim) -> dict:
+    """Update the diffusers layers that store channel counts; return the config entries that changed."""
+    import torch_pruning as tp
+    from diffusers.models.embeddings import Timesteps
+    from diffusers.models.resnet import Downsample2D, ResnetBlock2D, Upsample2D
+
+    for m, per in norms.items():
+        m.num_groups = max(1, m.num_channels // per) if whole_groups else m.num_groups
+    for m in den.modules():
+        if isinstance(m, (Downsample2D, Upsample2D)) and isinstance(getattr(m, "conv", None), nn.Conv2d):
+            m.channels, m.out_channels = m.conv.in_channels, m.conv.out_channels
+        elif isinstance(m, ResnetBlock2D):
+            m.in_channels, m.out_channels = m.conv1.in_channels, m.conv2.out_channels
+    for a in attns:
+        dim = head_dims[a] if whole_heads else a.to_q.out_features // a.heads
+        a.heads = a.to_q.out_features // dim
+        a.inner_dim, a.inner_kv_dim = a.to_q.out_features, a.to_k.out_features
+        a.query_dim, a.out_dim = a.to_q.in_features, a.to_out[0].out_features
+        a.scale = dim**-0.5 if a.scale_qk else 1.0
+
+    new_c0 = den.conv_in.out_channels
+    proj = getattr(den, "time_proj", None)
+    if new_c0 != old_c0 and isinstance(proj, Timesteps) and new_c0 % 2 == 0 and old_c0 % 2 == 0:
+        # Timesteps(c) uses frequencies exp(-log(1e4) k / (c/2 - shift)), k < c/2. Keep, for each frequency of
+        # the narrower projection, the input of linear_1 fed by the nearest one of the wider: the very same
+        # frequency when old/new is an integer and shift is 0, else the nearest (recovery absorbs the rest).
+        old_half, new_half, shift = old_c0 // 2, new_c0 // 2, proj.downscale_freq_shift
+        picks = [round(k * (old_half - shift) / (new_half - shift)) for k in range(new_half)]
+        keep = set(picks + [old_half + k for k in picks])
+        tp.prune_linear_in_channels(den.time_embedding.linear_1, [i for i in range(old_c0) if i not in keep])
+        proj.num_channels = new_c0
+    widths = [block.resnets[-1].conv2.out_channels for block in den.down_blocks]
+    config = {"block_out_channels": widths, "time_embedding_dim": temb_dim}
+    if whole_groups and isinstance(getattr(den, "conv_norm_out", None), nn.GroupNorm):
+        config["norm_num_groups"] = den.conv_norm_out.num_groups
+        if den.config.get("attn_norm_num_groups"):
+            config["attn_norm_num_groups"] = next(a.group_norm.num_groups for a in attns)
+    return config
+
+
+def _integral(x: float) -> bool:
+    return abs(x - round(x)) < 1e-6
+
+
+def _paired_projections(den) -> dict:
+    """Layers whose output is chunked in two (GEGLU, scale-shift time projections): prune both halves alike."""
+    from diffusers.models.resnet import ResnetBlock2D
+
+    out = {}
+    for m in den.modules():
+        if type(m).__name__ == "GEGLU":
+            out[m.proj] = 2
+        if (
+            isinstance(m, ResnetBlock2D)
+            and m.time_emb_proj is not None
+            and m.time_embedding_norm == "scale_shift"
+        ):
+            out[m.time_emb_proj] = 2
+    return out
+
+
+class _GroupMean:
+    """Importance averaged over each GroupNorm group, so that whole groups are removed together."""
+
+    def __init__(self, base, norms: dict):
+        self.base, self.norms = base, norms
+
+    def __call__(self, group):
+        imp = self.base(group)
+        if imp is None:
+            return None
+        for dep, _ in group:
+            per = self.norms.get(dep.target.module)
+            if per and dep.target.module.num_channels == len(imp):
+                return imp.view(-1, per).mean(1).repeat_interleave(per)
+        return imp
+
+
+def _taylor_gradients(den, fp, inputs: dict, batches: int = 4) -> None:
+    """Accumulate denoising-loss gradients (noised random samples, the pipeline's own conditioning)."""
+    from fastdiff.compress.recover import noised_inputs
+
+    den.zero_grad(set_to_none=True)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(batches):
+        noisy, target = noised_inputs(fp.pipe.scheduler.config, inputs, generator=generator)
+        out = _forward(den, noisy)[:, : target.shape[1]]
+        (nn.functional.mse_loss(out, target) / batches).backward()
+
+
+def set_config(module, values: dict) -> None:
+    """Update a diffusers model's config (also where from_config would fall back to a default)."""
+    defaults = module.config.get("_use_default_values")
+    if defaults is not None:
+        values = dict(values, _use_default_values=[k for k in defaults if k not in values])
+    module.register_to_config(**values)
+
+
+def config_mismatch(den) -> str | None:
+    """None if ``type(den).from_config(den.config)`` builds this structure, else what differs."""
+    from diffusers.utils import logging as dlogging
+
+    level = dlogging.get_verbosity()
+    dlogging.set_verbosity(logging.ERROR)
+    try:
+        with torch.device("meta"):
+            fresh = type(den).from_config(den.config)
+    except ValueError as exc:  # e.g. GroupNorm divisibility
+        return f"from_config fails: {exc}"
+    finally:
+        dlogging.set_verbosity(level)
+    want = {k: tuple(v.shape) for k, v in den.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    if bad:
+        return f"{len(bad)} tensors, e.g. {bad[0]}: {want.get(bad[0])} here, {got.get(bad[0])} from config"
+    heads = [(n, m.heads) for n, m in den.named_modules() if hasattr(m, "heads")]
+    fresh_heads = [(n, m.heads) for n, m in fresh.named_modules() if hasattr(m, "heads")]
+    return None if heads == fresh_heads else "attention head counts"
+
+
+@register
+@dataclass(frozen=True)
+class Sparsity(Accelerator):
+    """Weight masks on Linear/conv layers (no CPU speedup). Example: ``fp.accelerate("sparsity(pattern=2:4)")``."""
+
+    pattern: Literal["2:4", "unstructured"] = "2:4"
+    amount: float = 0.5
+
+    spec_name = "sparsity"
+    kind = "compress"
+    touches = frozenset({"denoiser.weights"})
+    exclusive = frozenset({"denoiser.weights"})
+
+    def validate(self) -> None:
+        if self.pattern not in ("2:4", "unstructured"):
+            raise AcceleratorError(f"sparsity: pattern {self.pattern!r} not allowed; use 2:4 or unstructured")
+        if not 0 < self.amount < 1:
+            raise AcceleratorError(f"sparsity: amount must be in (0, 1), got {self.amount}")
+        if self.pattern == "2:4" and self.amount != 0.5:
+            raise AcceleratorError(
+                f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}"
+            )
+
+    def apply(self, fp) -> Handle:
+        from torch.nn.utils import prune as torch_prune
+
+        den = fp.denoiser
+        denoiser_facts(den, "sparsity")
+        layers = [m for m in den.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and m.weight.shape[1] > 1]
+        if self.pattern == "2:4":  # groups of 4 along the (flattened) input dimension
+            layers = [m for m in layers if m.weight[0].numel() % 4 == 0]
+        saved = {m: m.weight.detach().clone() for m in layers}
+        for m in layers:
+            if self.pattern == "unstructured":
+                torch_prune.l1_unstructured(m, "weight", amount=self.amount)
+            else:
+                torch_prune.custom_from_mask(m, "weight", two_four_mask(m.weight.detach()))
+        zeros = sum(int((m.weight == 0).sum()) for m in layers)
+        total = sum(m.weight.numel() for m in layers)
+
+        def restore():
+            for m, weight in saved.items():
+                if torch_prune.is_pruned(m):
+                    torch_prune.remove(m, "weight")
+                with torch.no_grad():
+                    m.weight.copy_(weight)
+
+        return Handle(restore, layers=len(layers), sparsity=zeros / max(total, 1))
+
+
+def two_four_mask(weight: torch.Tensor) -> torch.Tensor:
+    """Mask keeping the 2 largest-magnitude weights of every 4 consecutive inputs of each output."""
+    flat = weight.reshape(weight.shape[0], -1, 4).abs()
+    keep = flat.topk(2, dim=-1).indices
+    mask = torch.zeros_like(flat).scatter_(-1, keep, 1.0)
+    return mask.reshape(weight.shape)
+
+
+def make_permanent(den) -> int:
+    """Fold sparsity masks into plain weights (for saving); returns how many layers were folded."""
+    from torch.nn.utils import prune as torch_prune
+
+    folded = 0
+    for m in den.modules():
+        if torch_prune.is_pruned(m) and hasattr(m, "weight_mask"):
+            torch_prune.remove(m, "weight")
+            folded += 1
+    return folded

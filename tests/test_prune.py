@@ -1,0 +1,174 @@
+"""prune (torch-pruning channel pruning) and sparsity (weight masks) on test-size UNets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+from diffusers.models.embeddings import Timesteps
+
+from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.compress.prune import config_mismatch, make_permanent
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.zoo.tiny import make_pipeline
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention
+    yield
+    torch.set_num_threads(threads)
+
+
+def wrapped(name: str) -> FastPipeline:
+    fp = FastPipeline(make_pipeline(name, "test"))
+    fp.pipe.set_progress_bar_config(disable=True)
+    return fp
+
+
+def images(fp, **extra):
+    kwargs = {"num_inference_steps": 2, "output_type": "np", "generator": torch.Generator().manual_seed(0)}
+    if type(fp.pipe).__name__.startswith("StableDiffusion"):
+        kwargs["prompt"] = ["a red fox", "a blue car"]
+    else:
+        kwargs["batch_size"] = 2
+    return fp(**{**kwargs, **extra}).images
+
+
+def digits_like_ddpm() -> FastPipeline:
+    """A UNet2DModel laid out like the digits reference: 8 groups, 32-wide heads, attention below the top."""
+    torch.manual_seed(0)
+    unet = UNet2DModel(
+        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(32, 64, 64), layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"), attention_head_dim=32, norm_num_groups=8,
+    ).eval()  # fmt: skip
+    fp = FastPipeline(DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=1000)))
+    fp.pipe.set_progress_bar_config(disable=True)
+    return fp
+
+
+def test_prune_ddpm_halves_model_runs_everywhere_and_restores(tmp_path):
+    fp = wrapped("tiny-ddpm")  # 32 channels in 32 groups: whole groups go
+    before = images(fp)
+    original = fp.denoiser.config.block_out_channels
+    handle = fp.accelerate("prune(ratio=0.5)")
+    info = handle.handles[0]
+    assert info.params_after <= 0.5 * info.params_before
+    assert info.macs_after <= 0.5 * info.macs_before
+    assert info.config_exact and config_mismatch(fp.denoiser) is None
+    den = fp.denoiser
+    assert (
+        list(den.config.block_out_channels) == [c // 2 for c in original] and den.config.norm_num_groups == 16
+    )
+    pruned = images(fp)
+    assert pruned.shape == before.shape and np.isfinite(pruned).all() and not np.array_equal(pruned, before)
+    with torch.no_grad():  # other batch sizes and resolutions than the captured call
+        out = den(torch.randn(3, 3, 64, 64), torch.tensor([5, 50, 500])).sample
+    assert out.shape == (3, 3, 64, 64)
+    fp.save_pretrained(tmp_path / "pruned")
+    loaded = FastPipeline.from_pretrained(tmp_path / "pruned")
+    loaded.pipe.set_progress_bar_config(disable=True)
+    assert sum(p.numel() for p in loaded.denoiser.parameters()) == info.params_after
+    np.testing.assert_array_equal(images(loaded), pruned)
+    handle.remove()
+    np.testing.assert_array_equal(images(fp), before)
+    assert fp.denoiser.config.block_out_channels == original
+
+
+def test_prune_keeps_group_counts_removes_whole_heads_and_exact_time_projection():
+    fp = digits_like_ddpm()
+    den = fp.denoiser
+    old_proj, old_linear = den.time_proj, den.time_embedding.linear_1.weight.detach().clone()
+    handle = fp.accelerate("prune(ratio=0.5)")
+    assert handle.handles[0].config_exact
+    assert {m.num_groups for m in den.modules() if isinstance(m, torch.nn.GroupNorm)} == {8}
+    attns = [m for m in den.modules() if type(m).__name__ == "Attention"]
+    assert attns and all(a.heads == 1 and a.to_q.out_features == 32 for a in attns)  # 2 heads of 32 -> 1
+    # The 16-wide sinusoidal projection is every other frequency of the 32-wide one, and linear_1 kept those.
+    keep = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+    t = torch.tensor([0.0, 17.0, 999.0])
+    wide = Timesteps(32, old_proj.flip_sin_to_cos, old_proj.downscale_freq_shift)(t)
+    torch.testing.assert_close(den.time_proj(t), wide[:, keep], rtol=0, atol=1e-6)
+    torch.testing.assert_close(den.time_embedding.linear_1.weight, old_linear[:, keep], rtol=0, atol=0)
+    handle.remove()
+
+
+def test_prune_sd_with_taylor_importance_and_cfg():
+    fp = wrapped("tiny-sd")
+    before = images(fp)
+    handle = fp.accelerate("prune(ratio=0.5,importance=taylor)")
+    info = handle.handles[0]
+    assert info.config_exact and info.params_after < 0.5 * info.params_before
+    assert all(p.grad is None for p in fp.denoiser.parameters())
+    out = images(fp, height=64, width=64, guidance_scale=7.5)
+    assert out.shape == (2, 64, 64, 3) and np.isfinite(out).all()
+    ff = [m for n, m in fp.denoiser.named_modules() if n.endswith("ff.net.0.proj")]
+    assert ff and all(m.out_features == 2 * 4 * m.in_features for m in ff)  # GEGLU halves pruned alike
+    handle.remove()
+    np.testing.assert_array_equal(images(fp), before)
+
+
+def test_prune_refuses_transformers_and_bad_options():
+    fp = wrapped("tiny-dit")
+    with pytest.raises(UnsupportedModelError, match="DiTTransformer2DModel is a transformer.*UNet2DModel"):
+        fp.accelerate("prune(ratio=0.5)")
+    assert fp.accelerators == ()
+    with pytest.raises(AcceleratorError, match=r"ratio must be in \(0, 1\), got 1.0"):
+        fp.accelerate("prune(ratio=1.0)")
+    with pytest.raises(AcceleratorError, match="choose one of magnitude, taylor"):
+        fp.accelerate("prune(importance=random)")
+    with pytest.raises(AcceleratorError, match="2:4 zeroes exactly half; amount must be 0.5, got 0.3"):
+        fp.accelerate("sparsity(pattern=2:4,amount=0.3)")
+
+
+def test_weight_changers_conflict_before_anything_changes():
+    fp = wrapped("tiny-ddpm")
+    for specs in ("prune;sparsity", "prune;lowrank", "sparsity;lowrank"):
+        with pytest.raises(AcceleratorError, match="conflicts with"):
+            fp.accelerate(specs)
+        assert fp.accelerators == ()
+
+
+def test_structure_changers_refuse_hooked_blocks():
+    from diffusers.hooks import ModelHook
+
+    from fastdiff.core.hooks import install_hook
+
+    fp = wrapped("tiny-ddpm")
+    hook = install_hook(fp.denoiser.up_blocks[0], ModelHook(), "test.block")
+    for spec in ("prune", "lowrank"):
+        with pytest.raises(
+            AcceleratorError, match=f"up_blocks.0 is hooked by test.block; apply {spec} first"
+        ):
+            fp.accelerate(spec)
+    hook.remove()
+    fp.accelerate("prune").remove()
+
+
+@pytest.mark.parametrize("pattern", ["2:4", "unstructured"])
+def test_sparsity_masks_and_restores(pattern):
+    fp = wrapped("tiny-sd")
+    before = images(fp)
+    amount = 0.5 if pattern == "2:4" else 0.3
+    handle = fp.accelerate(f"sparsity(pattern={pattern},amount={amount})")
+    info = handle.handles[0]
+    assert info.layers > 10 and abs(info.sparsity - amount) < 0.01
+    linear = fp.denoiser.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+    if pattern == "2:4":
+        zeros = (linear.weight.reshape(linear.weight.shape[0], -1, 4) == 0).sum(-1)
+        assert (zeros >= 2).all()
+    assert not np.array_equal(images(fp), before)
+    handle.remove()
+    np.testing.assert_array_equal(images(fp), before)
+
+
+def test_make_permanent_keeps_the_zeros():
+    fp = wrapped("tiny-ddpm")
+    fp.accelerate("sparsity(pattern=2:4)")
+    masked = images(fp)
+    assert make_permanent(fp.denoiser) > 0
+    assert not any(n.endswith("weight_mask") for n, _ in fp.denoiser.named_buffers())
+    np.testing.assert_array_equal(images(fp), masked)
