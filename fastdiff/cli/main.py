@@ -134,7 +134,9 @@ def cmd_compress(args) -> None:
         batch=args.batch or 32, gt_weight=args.gt_weight, resume=not args.no_resume,
     )  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
-    print(f"compressed model in {args.out}; load it with fastdiff.compress.recover.load_compressed({args.out!r})")
+    print(
+        f"compressed model in {args.out}; load it with fastdiff.compress.recover.load_compressed({args.out!r})"
+    )
 
 
 def cmd_export_onnx(args) -> None:
@@ -216,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--top", type=int, default=15)
     prof.set_defaults(func=cmd_profile)
 
-    comp = sub.add_parser("compress", help="apply weight-changing accelerators, recover by distillation, save")
+    comp = sub.add_parser(
+        "compress", help="apply weight-changing accelerators, recover by distillation, save"
+    )
     model_args(comp)
     comp.add_argument("out")
     comp.add_argument("--accel", required=True, help="compress specs, e.g. 'prune(ratio=0.5)'")

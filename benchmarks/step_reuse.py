@@ -1,0 +1,153 @@
+"""Step reuse side by side: promptcache, cfg-interval and forecast against the plain sampler, one run per model.
+
+Run (1 thread; every ratio comes from configs timed in the same run)::
+
+    .venv/bin/python benchmarks/step_reuse.py --models tiny-sd tiny-dit tiny-sdxl --rounds 3
+    .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 2   # needs .fastdiff-cache/digits
+
+Every model uses DPM++ 2M at 20 steps. The machine is shared, so configs are timed *interleaved*: each round
+applies every config in turn, times one call (wall clock and this process's CPU time) and removes it; round 0
+is an untimed warm-up. Speedups are ratios of medians against ``none``; ``cpu_speedup`` (CPU seconds) is the
+steadier figure when other processes load the machine. ``promptcache`` gets one untimed call after each apply,
+so its timed call hits the cache (the repeated-prompt case). Fidelity (PSNR/SSIM) is against ``none``'s images;
+the digits model adds classifier accuracy and FD. Results are merged into ``benchmarks/results/step_reuse.json``
+under the model's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastdiff import FastPipeline
+from fastdiff.core.registry import available
+from fastdiff.eval import quality_for
+from fastdiff.eval.bench import format_table, make_inputs
+from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.zoo.tiny import make_pipeline
+
+DIGITS = Path(__file__).resolve().parents[1] / ".fastdiff-cache" / "digits"
+BASE = "scheduler(name=dpm++2m,steps=20)"
+WINDOWS = ("cfg-interval(start=0.2,end=0.8)", "cfg-interval(start=0.0,end=0.5)")
+FORECASTS = (
+    "forecast(order=1,interval=2)",
+    "forecast(order=2,interval=2)",
+    "forecast(order=1,interval=3)",
+    "forecast(order=2,interval=3,warmup=3)",
+)
+
+
+def configs_for(model: str) -> list[tuple[str, str]]:
+    """(name, specs) rows for ``model``: only the accelerators that apply to it."""
+    rows = [("none", BASE)]
+    if model in ("tiny-sd", "tiny-sdxl"):
+        rows.append(("promptcache", f"{BASE};promptcache"))
+    rows += [(_short(w), f"{BASE};{w}") for w in WINDOWS]
+    rows += [(_short(f), f"{BASE};{f}") for f in FORECASTS]
+    rows.append(("forecast+cfg-interval", f"{BASE};{FORECASTS[1]};{WINDOWS[1]}"))
+    if model == "digits" and "deepcache" in available():
+        # The brief's combined target: >= 3x faster than BASE with accuracy within 2 points (guidance 2).
+        rows.append(("deepcache3", f"{BASE};deepcache(interval=3)"))
+        for w in ("cfg-interval(start=0.0,end=0.5)", "cfg-interval(start=0.2,end=0.8)"):
+            rows.append((f"deepcache3+{_short(w)}", f"{BASE};deepcache(interval=3);{w}"))
+    return rows
+
+
+def _short(spec: str) -> str:
+    name, _, opts = spec.partition("(")
+    opts = opts.rstrip(")").replace("start=", "").replace("end=", "-").replace(",", "")
+    opts = opts.replace("order=", "o").replace("interval=", "i").replace("warmup=", "w")
+    return f"{name}({opts})"
+
+
+def load(model: str, size: str = "bench") -> FastPipeline:
+    if model == "digits":
+        if not (DIGITS / "model_index.json").is_file():
+            raise SystemExit(f"the digits reference model is not in {DIGITS} yet")
+        return FastPipeline.from_pretrained(DIGITS)
+    return FastPipeline(make_pipeline(model, size))
+
+
+def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: float | None) -> dict:
+    """Interleaved timing of every config (see the module docstring); rows in ``fastdiff bench``'s format."""
+    fp.pipe.set_progress_bar_config(disable=True)
+    call = dict(make_inputs(fp.pipe, batch, guidance), output_type="np")
+    wall = {name: [] for name, _ in configs}
+    cpu = {name: [] for name, _ in configs}
+    images, nfe = {}, {}
+    for round_index in range(rounds + 1):
+        for name, specs in configs:
+            handle = fp.accelerate(specs)
+            try:
+                if "promptcache" in specs:
+                    fp(**call, generator=torch.Generator().manual_seed(0))
+                start_wall, start_cpu = time.perf_counter(), time.process_time()
+                output = fp(**call, generator=torch.Generator().manual_seed(0))
+                elapsed_wall, elapsed_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+            finally:
+                handle.remove()
+            if round_index:
+                wall[name].append(elapsed_wall)
+                cpu[name].append(elapsed_cpu)
+            images[name], nfe[name] = np.asarray(output.images), fp.context.nfe
+    evaluator = quality_for(fp.pipe)
+    reference, base_wall, base_cpu = images[configs[0][0]], None, None
+    rows = []
+    for name, specs in configs:
+        row = {"name": name, "specs": specs, "seconds_median": statistics.median(wall[name]),
+               "seconds": wall[name], "cpu_s_median": statistics.median(cpu[name]),
+               "denoiser_calls": nfe[name]}  # fmt: skip
+        base_wall = base_wall or row["seconds_median"]
+        base_cpu = base_cpu or row["cpu_s_median"]
+        row["speedup"] = base_wall / row["seconds_median"]
+        row["cpu_speedup"] = base_cpu / row["cpu_s_median"]
+        same = name == configs[0][0]
+        row["psnr"] = None if same else psnr(images[name], reference)
+        row["ssim"] = None if same else ssim(images[name], reference)
+        if evaluator is not None:
+            row.update(evaluator(fp.pipe, call, images[name], 0))
+        rows.append(row)
+    settings = {"steps": 20, "rounds": rounds, "threads": torch.get_num_threads(), "batch": len(reference),
+                "inputs": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")}}  # fmt: skip
+    return {"pipeline": type(fp.pipe).__name__, "settings": settings, "configs": rows, "cpu_seconds": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny-sd", "tiny-dit", "tiny-sdxl"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", default="bench", choices=["test", "bench"], help="tiny-* model size")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=None, help="default: the model's benchmark batch")
+    parser.add_argument("--only", nargs="*", default=None, help="config names to run (none is always run)")
+    parser.add_argument("--json", default="benchmarks/results/step_reuse.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    out_path = Path(args.json)
+    results = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    for model in args.models:
+        configs = configs_for(model)
+        if args.only:
+            configs = [c for c in configs if c[0] == "none" or c[0] in args.only]
+        guidance = 2.0 if model == "digits" else None  # digits defaults to 1 (no guidance); SD 7.5, DiT 4
+        load_before = os.getloadavg()[0]
+        result = bench(load(model, args.size), configs, args.rounds, args.batch, guidance)
+        result["load_average"] = [load_before, os.getloadavg()[0]]
+        results[model] = result
+        print(f"\n== {model} (guidance {result['settings']['inputs'].get('guidance_scale')}, "
+              f"batch {result['settings']['batch']}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
+        print(format_table(result))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Block caching for transformer denoisers (DiT): first-block residual caching or fixed-interval reuse.
+
+``mode=first-block`` (First Block Cache, as diffusers' ``hooks/first_block_cache.py``): block 0 always runs;
+if the relative L1 change of its residual (output - input) against the last fully computed step is at most
+``threshold``, the other blocks are skipped and the residual they added on that step is added instead.
+``mode=interval`` (FORA): every ``interval`` steps all blocks run and each block's attention and MLP outputs are
+stored; in between they are reused while the cheap timestep-dependent parts (adaLN modulation, gates,
+norms) still run. State is kept per guidance branch and cleared at the start of every call.
+
+diffusers' ``apply_first_block_cache`` fails on DiTPipeline ("No cache context is set": neither the pipeline
+nor DiTTransformer2DModel sets a ``cache_context``) and keeps one whole-batch state, so the same algorithm is
+written here on fastdiff's step context, with per-branch state.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-dit", "test"))
+    handle = fp.accelerate("scheduler(name=dpm++2m,steps=6);blockcache(mode=interval,interval=2)")
+    images = fp(class_labels=[1, 2], output_type="np").images
+    handle.remove()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from diffusers.hooks import ModelHook
+
+from fastdiff.cache.deepcache import BranchCache
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+# Sub-layers of a transformer block whose outputs FORA reuses.
+REUSED_LAYERS = ("attn1", "attn2", "ff")
+
+
+class _State:
+    def __init__(self, config: BlockCache, context):
+        self.config, self.context = config, context
+        self.call, self.step, self.branches = None, 0, ("cond",)
+        self.skip = False  # first-block: the remaining blocks are skipped in this evaluation
+        self.reuse = False  # interval: stored layer outputs are used in this evaluation
+        self.caches: dict[str, BranchCache] = {}
+        self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
+        self.head_output: torch.Tensor | None = None
+        self.last_full = 0
+
+    def cache(self, key: str) -> BranchCache:
+        return self.caches.setdefault(key, BranchCache())
+
+
+def _hidden(args, kwargs) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class _Controller(ModelHook):
+    """On the transformer: clears state per call; in interval mode decides whether this evaluation reuses."""
+
+    def __init__(self, state: _State):
+        super().__init__()
+        self.state = state
+
+    def pre_forward(self, module, *args, **kwargs):
+        st, ctx = self.state, self.state.context
+        if st.call != ctx.call_index:
+            st.call, st.caches, st.refreshed = ctx.call_index, {}, {}
+            st.head_output, st.last_full = None, 0
+        st.step, st.branches, st.skip = ctx.step, ctx.branches, False
+        if st.config.mode == "interval":
+            if ctx.step % st.config.interval == 0:
+                st.last_full = ctx.step
+            st.reuse = ctx.step != st.last_full and all(
+                st.refreshed.get(b, -1) >= st.last_full for b in ctx.branches
+            )
+            if not st.reuse:  # this evaluation refreshes the stored outputs of its branches
+                st.refreshed.update(dict.fromkeys(ctx.branches, ctx.step))
+        return args, kwargs
+
+
+class _Head(ModelHook):
+    """First-block mode, on block 0: measures the change of its residual and decides whether to skip the rest."""
+
+    def __init__(self, state: _State):
+        super().__init__()
+        self.state = state
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        hidden = _hidden(args, kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        residual = output - hidden
+        head, tail = st.cache("head"), st.cache("tail")
+        if head.has(st.branches) and tail.has(st.branches):
+            previous = head.get(st.branches)
+            change = ((residual - previous).abs().mean() / previous.abs().mean()).item()
+            st.skip = change <= st.config.threshold
+        if st.skip:
+            return output + tail.get(st.branches)
+        head.put(st.branches, st.step, residual)
+        st.head_output = output
+        return output
+
+
+class _Rest(ModelHook):
+    """First-block mode, on blocks 1..n-1: identity when skipped; the last block stores the tail residual."""
+
+    def __init__(self, state: _State, last: bool):
+        super().__init__()
+        self.state, self.last = state, last
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        if st.skip:
+            return _hidden(args, kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if self.last:
+            st.cache("tail").put(st.branches, st.step, output - st.head_output)
+        return output
+
+
+class _Reuse(ModelHook):
+    """Interval mode, on a block's attention/MLP: stores its output on full steps, returns it in between."""
+
+    def __init__(self, state: _State, key: str):
+        super().__init__()
+        self.state, self.key = state, key
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        if st.reuse:
+            return st.cache(self.key).get(st.branches)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        st.cache(self.key).put(st.branches, st.step, output)
+        return output
+
+
+@register
+@dataclass(frozen=True)
+class BlockCache(Accelerator):
+    """Skip or reuse transformer blocks between steps. Example: ``blockcache(mode=first-block,threshold=0.05)``.
+
+    ``threshold`` is used by ``first-block`` only, ``interval`` by ``interval`` only.
+    """
+
+    mode: Literal["first-block", "interval"] = "first-block"
+    threshold: float = 0.05
+    interval: int = 2
+
+    spec_name = "blockcache"
+    kind = "cache"
+    touches = frozenset({"denoiser.forward", "denoiser.blocks"})
+    exclusive = frozenset({"denoiser.blocks"})
+    conflicts_with = frozenset({"forecast"})
+
+    def validate(self) -> None:
+        if self.mode not in ("first-block", "interval"):
+            raise AcceleratorError(
+                f"blockcache: mode {self.mode!r} is not allowed; use first-block or interval"
+            )
+        if not self.threshold >= 0:
+            raise AcceleratorError(f"blockcache: threshold must be a number >= 0, got {self.threshold}")
+        if self.interval < 1:
+            raise AcceleratorError(f"blockcache: interval must be an integer >= 1, got {self.interval}")
+
+    def apply(self, fp) -> Handle:
+        model = fp.denoiser
+        facts = denoiser_facts(model, "blockcache")
+        if facts.family != "transformer":
+            raise UnsupportedModelError(
+                f"blockcache needs a transformer denoiser; {type(model).__name__} is a {facts.family} "
+                "(use deepcache for UNets)"
+            )
+        blocks = list(getattr(model, facts.blocks[0]))
+        if self.mode == "first-block" and len(blocks) < 2:
+            raise UnsupportedModelError(
+                f"blockcache(mode=first-block) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
+            )
+        state = _State(self, fp.context)
+        targets: list[tuple[torch.nn.Module, ModelHook]] = []
+        if self.mode == "first-block":
+            targets.append((blocks[0], _Head(state)))
+            targets += [(b, _Rest(state, last=i == len(blocks) - 1)) for i, b in enumerate(blocks) if i > 0]
+        else:
+            for i, block in enumerate(blocks):
+                for name in REUSED_LAYERS:
+                    layer = getattr(block, name, None)
+                    if layer is not None:
+                        targets.append((layer, _Reuse(state, f"{i}.{name}")))
+        handles = []
+        try:
+            for module, hook in targets + [(model, _Controller(state))]:
+                handles.append(install_hook(module, hook, "fastdiff.blockcache"))
+        except BaseException:
+            for handle in reversed(handles):
+                handle.remove()
+            raise
+        group = HandleGroup(handles)
+        group.info.update(state=state)
+        return group

@@ -1,0 +1,301 @@
+"""DeepCache for UNets: reuse the deep features of the last full pass and run only the shallow skip branch.
+
+A UNet's up path consumes one skip feature per up-resnet. ``branch=B`` (0 = the shallowest skip, the
+``conv_in`` output; the same numbering as the ``DeepCache`` package's ``cache_branch_id`` for SD/SDXL) keeps
+the up-resnets that consume skips ``0..B`` and the down modules that produce them. On a full step the whole
+UNet runs and the feature entering the up-resnet of skip ``B`` is stored, per guidance branch; on a cached step
+every deeper module (down layers producing skips > B, the mid block, the deeper up blocks/layers) returns an
+empty placeholder without running, and the module just before the kept up-resnets returns the stored feature.
+
+``schedule=uniform`` runs a full pass every ``interval`` steps; ``nonuniform`` keeps the same number of full
+passes but spaces them quadratically around a centre step (the package's ``sample_from_quad_center``), and
+``warmup=K`` forces full passes for the first K steps. State is cleared at the start of every call.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
+    handle = fp.accelerate("scheduler(name=dpm++2m,steps=6);deepcache(interval=3,branch=0)")
+    images = fp(prompt="a red fox", output_type="np").images
+    handle.remove()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from diffusers.hooks import ModelHook
+
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+# Non-uniform spacing as in the package's example (``pow=1.4, center=15`` for 50 steps): centre at 30%.
+QUAD_POWER, QUAD_CENTER = 1.4, 0.3
+
+
+def quad_center_steps(num_steps: int, count: int, center: int, power: float = QUAD_POWER) -> list[int] | None:
+    """``count`` full steps spaced quadratically around ``center`` (the package's ``sample_from_quad_center``).
+
+    The package raises a negative base to ``1/power`` in Python, which yields a complex number whose real part
+    it keeps after ``**power``; complex arithmetic is spelled out here to give the same steps.
+    Returns None where no power in (1, ``power``] gives ``count`` distinct steps.
+    """
+    while power > 1:
+        start, stop = complex(-center) ** (1 / power), complex(num_steps - center) ** (1 / power)
+        values = np.linspace(start, stop, count + 1) ** power
+        offsets = np.unique(values.real.astype(np.int32))[1:-1]
+        steps = [0] + [int(o) + center for o in offsets]
+        if len(steps) == count:
+            return steps
+        power -= 0.02
+    return None
+
+
+def full_steps(num_steps: int, interval: int, schedule: str, warmup: int) -> frozenset[int]:
+    """Steps that run the whole UNet."""
+    if interval == 1 or num_steps <= 1:
+        steps = list(range(num_steps))
+    elif schedule == "uniform":
+        steps = list(range(0, num_steps, interval))
+    else:
+        count = math.ceil(num_steps / interval)
+        steps = quad_center_steps(num_steps, count, round(QUAD_CENTER * num_steps))
+        steps = steps or list(range(0, num_steps, interval))  # too few steps to space: fall back to uniform
+    return frozenset(steps) | frozenset(range(min(warmup, num_steps)))
+
+
+@dataclass
+class _Plan:
+    skipped: list[tuple[str, torch.nn.Module]]  # modules that return a placeholder on cached steps
+    source: tuple[str, torch.nn.Module]  # module whose output is the cached deep feature
+    num_branches: int
+
+
+def plan(unet, branch: int) -> _Plan:
+    """Which modules to skip and which one feeds the cached feature, for skip branch ``branch``."""
+    down, up = list(unet.down_blocks), list(unet.up_blocks)
+    for kind, blocks in (("down", down), ("up", up)):
+        for i, block in enumerate(blocks):
+            if not hasattr(block, "resnets") or hasattr(block, "skip_conv"):
+                raise UnsupportedModelError(
+                    f"deepcache: {kind}_blocks[{i}] ({type(block).__name__}) has no plain resnet layers; "
+                    "supported: UNet blocks with resnets/attentions/samplers (SD, SDXL, DDPM-style)"
+                )
+    # Skip producers in the order the UNet appends them: conv_in, then each down layer and downsampler.
+    producers: list[tuple[int, list[tuple[str, torch.nn.Module]]]] = []  # (down block, modules)
+    for d, block in enumerate(down):
+        attentions = list(getattr(block, "attentions", None) or [])
+        for j, resnet in enumerate(block.resnets):
+            layer = [(f"down_blocks.{d}.resnets.{j}", resnet)]
+            if j < len(attentions):
+                layer.append((f"down_blocks.{d}.attentions.{j}", attentions[j]))
+            producers.append((d, layer))
+        if getattr(block, "downsamplers", None):
+            producers.append(
+                (d, [(f"down_blocks.{d}.downsamplers.{k}", m) for k, m in enumerate(block.downsamplers)])
+            )
+    num_branches = 1 + len(producers)
+    consumers = [(u, i) for u in reversed(range(len(up))) for i in reversed(range(len(up[u].resnets)))]
+    if len(consumers) != num_branches:
+        raise UnsupportedModelError(
+            f"deepcache: {type(unet).__name__} has {num_branches} skip features but {len(consumers)} up-resnets"
+        )
+    if not 0 <= branch < num_branches:
+        raise AcceleratorError(
+            f"deepcache: branch={branch} is out of range; this {type(unet).__name__} has skip branches "
+            f"0..{num_branches - 1} (0 = shallowest)"
+        )
+    skipped: list[tuple[str, torch.nn.Module]] = []
+    # Down side: a whole block when all its skips are deeper than the branch, otherwise its deeper layers.
+    for d, block in enumerate(down):
+        mine = [(k + 1, mods) for k, (owner, mods) in enumerate(producers) if owner == d]
+        if mine[0][0] > branch:
+            skipped.append((f"down_blocks.{d}", block))
+        else:
+            skipped += [m for k, mods in mine if k > branch for m in mods]
+    # Up side: the up-resnet (u, i) consuming skip `branch` runs; whatever feeds it is the cached source.
+    u, i = consumers[branch]
+    block = up[u]
+    attentions = list(getattr(block, "attentions", None) or [])
+    if i > 0:
+        skipped += [(f"up_blocks.{u}.resnets.{k}", r) for k, r in enumerate(block.resnets[: i - 1])]
+        skipped += [(f"up_blocks.{u}.attentions.{k}", a) for k, a in enumerate(attentions[: i - 1])]
+        if i - 1 < len(attentions):
+            skipped.append((f"up_blocks.{u}.resnets.{i - 1}", block.resnets[i - 1]))
+            source = (f"up_blocks.{u}.attentions.{i - 1}", attentions[i - 1])
+        else:
+            source = (f"up_blocks.{u}.resnets.{i - 1}", block.resnets[i - 1])
+    elif u > 0:
+        source = (f"up_blocks.{u - 1}", up[u - 1])
+    else:
+        source = ("mid_block", unet.mid_block)
+    skipped += [(f"up_blocks.{k}", up[k]) for k in range(max(u - 1, 0) if i == 0 else u)]
+    if unet.mid_block is not None and source[0] != "mid_block":
+        skipped.append(("mid_block", unet.mid_block))
+    if source[1] is None:
+        raise UnsupportedModelError(
+            f"deepcache: {type(unet).__name__} has no mid block to cache at branch {branch}"
+        )
+    return _Plan(skipped, source, num_branches)
+
+
+class BranchCache:
+    """Tensors kept per guidance branch with the step they were made at; rebuilt for the current branch order."""
+
+    def __init__(self):
+        self.parts: dict[str, tuple[int, torch.Tensor]] = {}
+        self.whole: tuple[tuple[str, ...], int, torch.Tensor] | None = None
+
+    def put(self, branches: tuple[str, ...], step: int, tensor: torch.Tensor) -> None:
+        self.whole = (branches, step, tensor)
+        self.parts.update((b, (step, t)) for b, t in zip(branches, tensor.chunk(len(branches))))
+
+    def has(self, branches: tuple[str, ...], since: int = 0) -> bool:
+        return all(b in self.parts and self.parts[b][0] >= since for b in branches)
+
+    def get(self, branches: tuple[str, ...]) -> torch.Tensor:
+        if self.whole is not None and self.whole[0] == branches:
+            return self.whole[2]  # the latest store had this composition: no copy
+        return torch.cat([self.parts[b][1] for b in branches])
+
+
+class _State:
+    def __init__(self, config: DeepCache):
+        self.config, self.call, self.reuse = config, None, False
+        self.steps: frozenset[int] = frozenset()
+        self.batch, self.branches = 0, ("cond",)
+        self.templates: dict[str, object] = {}
+        self.cache = BranchCache()
+
+
+def _template(output):
+    """Spatial shape/dtype of each tensor of a module output (tuples kept), to rebuild cheap placeholders."""
+    if isinstance(output, torch.Tensor):
+        return (tuple(output.shape[2:]), output.dtype, output.device)
+    if isinstance(output, tuple):
+        return tuple(_template(o) for o in output)
+    return output
+
+
+def _placeholder(template, batch: int):
+    # Zero channels: torch.cat with other placeholders stays free and nothing downstream computes.
+    if isinstance(template, tuple) and len(template) == 3 and isinstance(template[1], torch.dtype):
+        spatial, dtype, device = template
+        return torch.empty((batch, 0, *spatial), dtype=dtype, device=device)
+    if isinstance(template, tuple):
+        return tuple(_placeholder(t, batch) for t in template)
+    return template
+
+
+class _Controller(ModelHook):
+    """On the UNet: clears state per call and decides whether this evaluation reuses the cache."""
+
+    def __init__(self, context, state: _State):
+        super().__init__()
+        self.context, self.state = context, state
+
+    def pre_forward(self, module, *args, **kwargs):
+        ctx, st, cfg = self.context, self.state, self.state.config
+        if st.call != ctx.call_index:
+            st.call, st.templates, st.cache = ctx.call_index, {}, BranchCache()
+            st.steps = full_steps(ctx.num_steps, cfg.interval, cfg.schedule, cfg.warmup)
+        sample = args[0] if args else kwargs["sample"]
+        st.batch, st.branches = sample.shape[0], ctx.branches
+        last_full = max((s for s in st.steps if s <= ctx.step), default=0)
+        st.reuse = ctx.step not in st.steps and st.cache.has(ctx.branches, since=last_full)
+        return args, kwargs
+
+
+class _Skip(ModelHook):
+    """On a deep module: a placeholder on cached steps; on full steps runs and notes its output shape."""
+
+    def __init__(self, state: _State, key: str):
+        super().__init__()
+        self.state, self.key = state, key
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        if st.reuse:
+            return _placeholder(st.templates[self.key], st.batch)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        st.templates[self.key] = _template(output)
+        return output
+
+
+class _Source(ModelHook):
+    """On the module feeding the kept up-resnets: stores its output per branch, or returns the stored one."""
+
+    def __init__(self, context, state: _State):
+        super().__init__()
+        self.context, self.state = context, state
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        if st.reuse:
+            feature = st.cache.get(st.branches)
+            return (feature,) if st.templates["source.tuple"] else feature
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        is_tuple = isinstance(output, tuple)
+        st.templates["source.tuple"] = is_tuple
+        st.cache.put(st.branches, self.context.step, output[0] if is_tuple else output)
+        return output
+
+
+@register
+@dataclass(frozen=True)
+class DeepCache(Accelerator):
+    """Reuse a UNet's deep features between full passes. Example: ``deepcache(interval=3,branch=0)``."""
+
+    interval: int = 3
+    branch: int = 0
+    schedule: Literal["uniform", "nonuniform"] = "uniform"
+    warmup: int = 0
+
+    spec_name = "deepcache"
+    kind = "cache"
+    touches = frozenset({"denoiser.forward", "denoiser.blocks"})
+    exclusive = frozenset({"denoiser.blocks"})
+    conflicts_with = frozenset({"forecast"})
+
+    def validate(self) -> None:
+        if self.interval < 1:
+            raise AcceleratorError(f"deepcache: interval must be an integer >= 1, got {self.interval}")
+        if self.branch < 0:
+            raise AcceleratorError(f"deepcache: branch must be an integer >= 0, got {self.branch}")
+        if self.warmup < 0:
+            raise AcceleratorError(f"deepcache: warmup must be an integer >= 0, got {self.warmup}")
+        if self.schedule not in ("uniform", "nonuniform"):
+            raise AcceleratorError(
+                f"deepcache: schedule {self.schedule!r} is not allowed; use uniform or nonuniform"
+            )
+
+    def apply(self, fp) -> Handle:
+        unet = fp.denoiser
+        facts = denoiser_facts(unet, "deepcache")
+        if facts.family != "unet":
+            raise UnsupportedModelError(
+                f"deepcache needs a UNet with skip branches; {type(unet).__name__} is a {facts.family} "
+                "(use blockcache for transformers)"
+            )
+        layout = plan(unet, self.branch)
+        state = _State(self)
+        handles = []
+        try:
+            for key, module in layout.skipped:
+                handles.append(install_hook(module, _Skip(state, key), "fastdiff.deepcache"))
+            handles.append(install_hook(layout.source[1], _Source(fp.context, state), "fastdiff.deepcache"))
+            handles.append(install_hook(unet, _Controller(fp.context, state), "fastdiff.deepcache"))
+        except BaseException:
+            for handle in reversed(handles):
+                handle.remove()
+            raise
+        group = HandleGroup(handles)
+        group.info.update(plan=layout, state=state)
+        return group

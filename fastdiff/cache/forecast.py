@@ -1,0 +1,156 @@
+"""Forecast: skip denoiser calls by extrapolating its recent outputs in the step index (TaylorSeer-like).
+
+The denoiser runs fully for the first ``warmup`` steps and then whenever ``interval`` steps have passed since
+the last full evaluation. On the steps between, a ``new_forward`` hook returns a prediction without calling
+the denoiser (so NFE drops): the polynomial through the last ``order + 1`` full outputs (Newton / Lagrange
+form at their step indices; ``order=1`` is linear extrapolation from the last two, ``order=2`` quadratic from
+the last three; fewer points available -> lower degree). This equals TaylorSeer's finite-difference Taylor
+expansion for order 1 and is the exact polynomial through the points for order 2.
+
+History is kept per guidance branch (``context.branches`` chunks of the batch) and cleared at the start of
+every call; a branch without recent history (e.g. after ``cfg-interval`` switched guidance back on) or with a
+different chunk shape forces a full evaluation. NFE with 20 steps: interval 2 -> 11, interval 3 -> 8.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
+    fp.accelerate("forecast(order=2,interval=2)")
+    fp(prompt="a red fox", num_inference_steps=20, output_type="np")
+    print(fp.context.nfe)  # 11
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+from diffusers.hooks import ModelHook
+
+from fastdiff.core.hooks import Handle, install_hook
+from fastdiff.core.models import pipeline_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.guidance.interval import batch_size_of, map_tensors
+
+HOOK_NAME = "fastdiff.forecast"
+
+
+def _flatten(output) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(output, lambda t: found.append(t) or t)
+    return found
+
+
+def _rebuild(template, tensors: list[torch.Tensor]):
+    it = iter(tensors)
+    return map_tensors(template, lambda _: next(it))
+
+
+def _weights(xs: list[int], x: int) -> list[float]:
+    """Lagrange weights of the polynomial through points at ``xs``, evaluated at ``x``."""
+    out = []
+    for i, xi in enumerate(xs):
+        w = 1.0
+        for j, xj in enumerate(xs):
+            if j != i:
+                w *= (x - xj) / (xi - xj)
+        out.append(w)
+    return out
+
+
+class ForecastHook(ModelHook):
+    """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
+
+    def __init__(self, context, order: int, interval: int, warmup: int):
+        super().__init__()
+        self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
+        self.call_index = -1
+        self.history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}  # branch -> [(step, chunks)]
+        self.template = None  # output structure of the last full evaluation
+
+    def new_forward(self, module, *args, **kwargs):
+        ctx = self.context
+        if ctx.call_index != self.call_index:
+            self.call_index, self.history, self.template = ctx.call_index, {}, None
+        step, branches = ctx.step, ctx.branches
+        batch = batch_size_of(args, kwargs)
+        if batch is None or batch % len(branches) or len(set(branches)) != len(branches):
+            return self.fn_ref.original_forward(*args, **kwargs)  # not a batch we can split by branch
+        chunk = batch // len(branches)
+        if self._can_predict(step, branches, chunk):
+            return self._predict(step, branches)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        self._record(step, branches, chunk, output)
+        return output
+
+    def _can_predict(self, step: int, branches: tuple[str, ...], chunk: int) -> bool:
+        if step < self.warmup or self.template is None:
+            return False
+        for branch in branches:
+            points = self.history.get(branch)
+            if not points or points[-1][0] >= step or step - points[-1][0] >= self.interval:
+                return False
+            if any(t.shape[0] != chunk for t in points[-1][1]):
+                return False
+        return True
+
+    def _predict(self, step: int, branches: tuple[str, ...]):
+        per_branch = []
+        for branch in branches:
+            points = self.history[branch][-(self.order + 1) :]
+            weights = _weights([s for s, _ in points], step)
+            chunks = [
+                sum(w * values[k] for w, (_, values) in zip(weights, points))
+                for k in range(len(points[-1][1]))
+            ]
+            per_branch.append(chunks)
+        tensors = [torch.cat([b[k] for b in per_branch]) for k in range(len(per_branch[0]))]
+        return _rebuild(self.template, tensors)
+
+    def _record(self, step: int, branches: tuple[str, ...], chunk: int, output) -> None:
+        tensors = _flatten(output)
+        if not tensors or any(t.dim() == 0 or t.shape[0] != chunk * len(branches) for t in tensors):
+            return  # an output we cannot split by branch: never predicted
+        self.template = output
+        for i, branch in enumerate(branches):
+            chunks = [t[i * chunk : (i + 1) * chunk].detach().clone() for t in tensors]
+            # Drop the step itself (a repeated call) and points too old for this schedule (after a gap).
+            oldest = step - self.order * self.interval
+            points = [p for p in self.history.get(branch, []) if oldest <= p[0] < step]
+            points.append((step, chunks))
+            self.history[branch] = points[-(self.order + 1) :]
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Forecast(Accelerator):
+    """Extrapolate skipped denoiser outputs from the last full ones (polynomial of ``order`` in the step).
+
+    Full evaluations: the first ``warmup`` steps, then every ``interval`` steps. Example:
+    ``fp.accelerate("forecast(order=2,interval=3,warmup=3)")``.
+    """
+
+    order: Literal[1, 2] = 1
+    interval: int = 2
+    warmup: int = 2
+
+    spec_name = "forecast"
+    kind = "cache"
+    touches = frozenset({"denoiser.forward"})
+    conflicts_with = frozenset({"deepcache", "blockcache", "forecast"})
+
+    def validate(self) -> None:
+        if self.order not in (1, 2):
+            raise AcceleratorError(f"forecast: order must be 1 or 2, got {self.order!r}")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
+            raise AcceleratorError(f"forecast: interval must be an integer >= 1, got {self.interval!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
+            raise AcceleratorError(f"forecast: warmup must be an integer >= 1, got {self.warmup!r}")
+
+    def apply(self, fp) -> Handle:
+        pipeline_facts(fp.pipe)  # UnsupportedModelError for a pipeline without facts
+        hook = ForecastHook(fp.context, self.order, self.interval, self.warmup)
+        return install_hook(fp.denoiser, hook, HOOK_NAME)

@@ -1,0 +1,352 @@
+"""Token merging (ToMe for SD, Bolya & Hoffman 2023) in the self-attention of UNets and DiTs, on hooks.
+
+Before a self-attention layer at a shallow enough level (downsample <= ``max_downsample``), the tokens are split
+into dst (one random token per ``sx`` x ``sy`` cell) and src; the ``ratio * N`` src tokens most similar (cosine,
+on the block's input) to some dst token are averaged into it, attention runs on the remaining tokens, and its
+output is copied back to every merged token. This is tomesd 0.1.3's algorithm (``bipartite_soft_matching_random2d``
++ its ``BasicTransformerBlock`` patch) rebuilt from hooks: a pre-forward on the block computes the matching, hooks
+on ``attn1`` (and ``attn2`` / ``ff`` with ``merge_cross`` / ``merge_mlp``) merge their input and unmerge their
+output. UNet2DModel's residual ``Attention`` layers (DDPM, the digits model) are merged after their group norm and
+their residual is re-added at full resolution. The random dst choice uses a generator of its own, reseeded at every
+pipeline call, so sampling randomness is untouched and every call is reproducible.
+
+Example::
+
+    from fastdiff import FastPipeline
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
+    handle = fp.accelerate("tome(ratio=0.5)")
+    image = fp(prompt="a red fox", num_inference_steps=2).images[0]
+    handle.remove()  # outputs are bit-identical to before
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from diffusers.hooks import ModelHook
+
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.models import denoiser_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+_SEED = 0  # the dst choice is reseeded with this at the start of every pipeline call
+
+
+class MergePlan:
+    """One bipartite matching: ``merge`` (B, N, C) -> (B, N - r, C) and ``unmerge`` back to (B, N, C).
+
+    The values equal tomesd's ``bipartite_soft_matching_random2d``; the indexing is ours because it is the
+    overhead that eats the saving on CPU: flat ``index_select``/``index_add_`` instead of expanded ``gather``/
+    ``scatter_reduce``, argmax only over the r merged rows, and unmerge as one row gather.
+    """
+
+    def __init__(self, metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int, generator=None):
+        B, N, _ = metric.shape
+        device = metric.device
+        hsy, wsx = h // sy, w // sx
+        with torch.no_grad():
+            # One dst per (sy, sx) cell (random with a generator, else the top-left token), as tomesd does.
+            if generator is not None:
+                cell = torch.randint(sy * sx, (hsy, wsx, 1), generator=generator).to(device)
+            else:
+                cell = torch.zeros(hsy, wsx, 1, dtype=torch.int64, device=device)
+            view = torch.zeros(hsy, wsx, sy * sx, dtype=torch.int64, device=device)
+            view.scatter_(2, cell, -torch.ones_like(cell))
+            view = view.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
+            if hsy * sy < h or wsx * sx < w:  # the grid does not divide by the strides: the rest is src
+                full = torch.zeros(h, w, dtype=torch.int64, device=device)
+                full[: hsy * sy, : wsx * sx] = view
+                view = full
+            order = view.reshape(1, -1, 1).argsort(dim=1).view(-1)  # dst (-1) first, then src (0)
+            num_dst = hsy * wsx
+            a_idx, b_idx = order[num_dst:], order[:num_dst]
+
+            metric = metric / metric.norm(dim=-1, keepdim=True)
+            scores = metric.index_select(1, a_idx) @ metric.index_select(1, b_idx).transpose(-1, -2)
+            r = min(a_idx.numel(), r)
+            edge_idx = scores.amax(dim=-1).argsort(dim=-1, descending=True)  # src rows, most similar first
+            unm_rows, src_rows = edge_idx[:, r:], edge_idx[:, :r]
+            batch = torch.arange(B, device=device)[:, None]
+            rows = scores.reshape(-1, num_dst).index_select(0, (src_rows + batch * scores.shape[1]).view(-1))
+            dst_idx = rows.argmax(dim=-1).view(B, r)
+            unm_len = unm_rows.shape[1]
+            self.unm_flat = (a_idx[unm_rows] + batch * N).view(-1)
+            src_tokens = a_idx[src_rows]
+            self.src_flat = (src_tokens + batch * N).view(-1)
+            self.dst_tokens = b_idx
+            self.dst_flat = (dst_idx + batch * num_dst).view(-1)
+            self.counts = torch.ones(B * num_dst, device=device).index_add_(
+                0, self.dst_flat, torch.ones(B * r, device=device)
+            )[:, None]
+            # Row of each token after merging: unmerged src, then dst; a merged src reads its dst.
+            source = torch.empty(B, N, dtype=torch.int64, device=device)
+            arange = torch.arange(unm_len + num_dst, device=device)
+            source.scatter_(1, a_idx[unm_rows], arange[:unm_len].expand(B, -1))
+            source[:, b_idx] = arange[unm_len:]
+            source.scatter_(1, src_tokens, unm_len + dst_idx)
+            self.source_flat = (source + batch * (unm_len + num_dst)).view(-1)
+        self.r, self.batch, self.tokens, self.unm_len = r, B, N, unm_len
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, c = x.shape
+        flat = x.reshape(B * N, c)
+        unm = flat.index_select(0, self.unm_flat).view(B, self.unm_len, c)
+        dst = x.index_select(1, self.dst_tokens).reshape(-1, c)
+        dst = dst.index_add_(0, self.dst_flat, flat.index_select(0, self.src_flat)) / self.counts.to(x.dtype)
+        return torch.cat([unm, dst.view(B, -1, c)], dim=1)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        B, _, c = x.shape
+        return x.reshape(-1, c).index_select(0, self.source_flat).view(B, self.tokens, c)
+
+
+class _State:
+    """Shared by every hook of one application: token grid of the current call and the dst generator."""
+
+    def __init__(self, config: ToMe, context, patch: int):
+        self.config, self.context, self.patch = config, context, patch
+        self.size: tuple[int, int] | None = None
+        self.generator = torch.Generator()
+        self.call_index = None
+
+    def plan(self, tokens: torch.Tensor, level: int, size: tuple[int, int] | None = None) -> MergePlan | None:
+        if size is None and self.size is None:  # called outside a denoiser call: nothing to size the grid by
+            return None
+        H, W = size or self.size
+        h, w = math.ceil(H / level), math.ceil(W / level)
+        if h * w != tokens.shape[1]:  # an unexpected layout: leave this layer alone
+            return None
+        if self.call_index != self.context.call_index:
+            self.call_index = self.context.call_index
+            self.generator.manual_seed(_SEED)
+        c = self.config
+        # tomesd: an odd batch cannot hold both guidance branches; random dst then causes artifacts.
+        generator = self.generator if c.use_rand and tokens.shape[0] % 2 == 0 else None
+        r = int(tokens.shape[1] * c.ratio)
+        return MergePlan(tokens, h, w, c.sx, c.sy, r, generator) if r > 0 else None
+
+
+class _SizeHook(ModelHook):
+    """On the denoiser: the token grid of this call (latent size over the patch size)."""
+
+    def __init__(self, state: _State):
+        super().__init__()
+        self.state = state
+
+    def pre_forward(self, module, *args, **kwargs):
+        x = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+        self.state.size = (x.shape[-2] // self.state.patch, x.shape[-1] // self.state.patch)
+        return args, kwargs
+
+
+class _Slot:
+    plan: MergePlan | None = None
+
+
+class _BlockHook(ModelHook):
+    """On a transformer block: the matching for this call of the block, from its input tokens."""
+
+    def __init__(self, state: _State, level: int, slot: _Slot):
+        super().__init__()
+        self.state, self.level, self.slot = state, level, slot
+
+    def pre_forward(self, module, *args, **kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        self.slot.plan = self.state.plan(x, self.level)
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        self.slot.plan = None
+        return output
+
+
+class _MergeHook(ModelHook):
+    """On attn1/attn2/ff of a block: merge the input tokens, unmerge the output."""
+
+    def __init__(self, slot: _Slot):
+        super().__init__()
+        self.slot = slot
+
+    def pre_forward(self, module, *args, **kwargs):
+        plan = self.slot.plan
+        if plan is not None:
+            if args:
+                args = (plan.merge(args[0]), *args[1:])
+            else:
+                kwargs["hidden_states"] = plan.merge(kwargs["hidden_states"])
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        plan = self.slot.plan
+        return output if plan is None else plan.unmerge(output)
+
+
+class _ResidualAttentionHook(ModelHook):
+    """On a UNet2DModel ``Attention`` (group norm and residual inside): merge after the norm, fix the residual."""
+
+    def __init__(self, state: _State):
+        super().__init__()
+        self.state = state
+        self.saved = None  # (full tokens, merged normed tokens, plan, 4D shape) during one call
+
+    def pre_forward(self, module, *args, **kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        if x.ndim != 4:
+            return args, kwargs
+        B, C, H, W = x.shape
+        tokens = x.view(B, C, H * W).transpose(1, 2)
+        plan = self.state.plan(tokens, 1, size=(H, W))
+        if plan is None:
+            return args, kwargs
+        normed = tokens
+        if module.group_norm is not None:  # normalize at full resolution; the norm hook then passes through
+            normed = module.group_norm(tokens.transpose(1, 2)).transpose(1, 2)
+        merged = plan.merge(normed)
+        self.saved = (tokens, merged, plan, x.shape)
+        if args:
+            return (merged, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": merged}
+
+    def post_forward(self, module, output):
+        if self.saved is None:
+            return output
+        tokens, merged, plan, shape = self.saved
+        self.saved = None
+        delta = output * module.rescale_output_factor
+        if module.residual_connection:  # the processor added the merged input; re-add the full one
+            delta = delta - merged
+        out = plan.unmerge(delta)
+        if module.residual_connection:
+            out = out + tokens
+        out = out / module.rescale_output_factor
+        return out.transpose(1, 2).reshape(shape)
+
+
+class _SkipNormHook(ModelHook):
+    """On the group norm of a merged ``Attention``: its input was normalized before merging."""
+
+    def __init__(self, owner: _ResidualAttentionHook):
+        super().__init__()
+        self.owner = owner
+
+    def new_forward(self, module, *args, **kwargs):
+        if self.owner.saved is not None:
+            return args[0]
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+
+def unet_levels(denoiser) -> dict[str, int]:
+    """Downsample factor of each down/mid/up block of a diffusers UNet, by attribute path."""
+    levels, level = {}, 1
+    for i, block in enumerate(denoiser.down_blocks):
+        levels[f"down_blocks.{i}"] = level
+        if getattr(block, "downsamplers", None):
+            level *= 2
+    levels["mid_block"] = level
+    for i, block in enumerate(denoiser.up_blocks):
+        levels[f"up_blocks.{i}"] = level
+        if getattr(block, "upsamplers", None):
+            level //= 2
+    return levels
+
+
+@register
+@dataclass(frozen=True)
+class ToMe(Accelerator):
+    """Token merging in self-attention (tomesd's algorithm on hooks). Example: ``fp.accelerate("tome(ratio=0.5)")``.
+
+    ``ratio``: fraction of tokens merged away (at most 1 - 1/(sx*sy)); ``max_downsample``: merge only in layers
+    whose resolution is at most this many times below the latent (1, 2, 4 or 8); ``sx``/``sy``: dst stride;
+    ``merge_cross``/``merge_mlp``: also merge before the cross-attention / feed-forward (tomesd's
+    merge_crossattn / merge_mlp; both cost quality); ``use_rand``: random dst per cell (else top-left).
+    """
+
+    ratio: float = 0.5
+    max_downsample: int = 1
+    sx: int = 2
+    sy: int = 2
+    merge_cross: bool = False
+    merge_mlp: bool = False
+    use_rand: bool = True
+
+    spec_name = "tome"
+    kind = "attention"
+    touches = frozenset({"denoiser.attention"})
+
+    def validate(self) -> None:
+        if self.sx < 1 or self.sy < 1 or self.sx * self.sy < 2:
+            raise AcceleratorError(
+                f"tome: sx and sy must be >= 1 with sx*sy >= 2, got sx={self.sx}, sy={self.sy}"
+            )
+        limit = 1 - 1 / (self.sx * self.sy)
+        if not 0 < self.ratio <= limit:
+            raise AcceleratorError(
+                f"tome: ratio must be in (0, {limit:g}] for sx={self.sx}, sy={self.sy}, got {self.ratio}"
+            )
+        if self.max_downsample not in (1, 2, 4, 8):
+            raise AcceleratorError(
+                f"tome: max_downsample must be one of 1, 2, 4, 8, got {self.max_downsample}"
+            )
+
+    def apply(self, fp) -> Handle:
+        denoiser = fp.denoiser
+        facts = denoiser_facts(denoiser, "tome")
+        patch = getattr(denoiser.config, "patch_size", None) or 1
+        state = _State(self, fp.context, patch)
+        levels = unet_levels(denoiser) if facts.family == "unet" else {}
+        units, found = [], set()
+        for name, module in denoiser.named_modules():
+            if type(module).__name__ not in facts.attention_blocks:
+                continue
+            if type(module).__name__ == "Attention" and module.is_cross_attention:
+                continue
+            level = next((lv for prefix, lv in levels.items() if name.startswith(prefix + ".")), 1)
+            found.add(level)
+            if level <= self.max_downsample:
+                units.append((name, module, level))
+        if not units:
+            raise AcceleratorError(
+                f"tome(max_downsample={self.max_downsample}): {type(denoiser).__name__} has self-attention only "
+                f"at downsample {', '.join(map(str, sorted(found))) or 'none'}; raise max_downsample to merge"
+            )
+        handles = []
+        try:
+            for name, module, level in units:
+                handles += self._hook_unit(name, module, level, state)
+            if any(type(m).__name__ != "Attention" for _, m, _ in units):
+                handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size"))
+        except BaseException:
+            HandleGroup(handles).remove()
+            raise
+        return HandleGroup(handles)
+
+    def _hook_unit(self, name: str, module, level: int, state: _State) -> list[Handle]:
+        if type(module).__name__ == "Attention":
+            if self.merge_cross or self.merge_mlp:
+                raise AcceleratorError(
+                    f"tome: merge_cross/merge_mlp need transformer blocks; {name} is a plain Attention layer"
+                )
+            if module.spatial_norm is not None:
+                raise AcceleratorError(
+                    f"tome: {name} has a spatial norm, which token merging does not support"
+                )
+            hook = _ResidualAttentionHook(state)
+            handles = [install_hook(module, hook, "fastdiff.tome")]
+            if module.group_norm is not None:
+                handles.append(install_hook(module.group_norm, _SkipNormHook(hook), "fastdiff.tome.norm"))
+            return handles
+        if self.merge_mlp and getattr(module, "_chunk_size", None) is not None:
+            raise AcceleratorError(f"tome: merge_mlp cannot merge the chunked feed-forward of {name}")
+        slot = _Slot()
+        handles = [install_hook(module, _BlockHook(state, level, slot), "fastdiff.tome")]
+        targets = [module.attn1]
+        if self.merge_cross and module.attn2 is not None:
+            targets.append(module.attn2)
+        if self.merge_mlp:
+            targets.append(module.ff)
+        handles += [install_hook(t, _MergeHook(slot), "fastdiff.tome") for t in targets]
+        return handles
