@@ -47,7 +47,7 @@ SCHEDULERS = [
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
-    build_reference(out, minutes=2.0, max_steps=3, classifier_epochs=1, seed=0)
+    build_reference(out, minutes=2.0, max_steps=3, classifier_epochs=1, seed=0, threads=1)
     return out
 
 
@@ -92,7 +92,7 @@ def test_short_build_writes_pipeline_classifier_split_and_log(build_dir):
 def test_resume_continues_from_checkpoint(build_dir, tmp_path):
     classifier_bytes = (build_dir / "eval" / "classifier.pt").read_bytes()
     weights_before = (build_dir / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
-    build_reference(build_dir, minutes=2.0, max_steps=5, classifier_epochs=1, seed=0, resume=True)
+    build_reference(build_dir, minutes=2.0, max_steps=5, classifier_epochs=1, seed=0, resume=True, threads=1)
     assert torch.load(build_dir / "checkpoint.pt", weights_only=False)["step"] == 5
     assert [row["step"] for row in read_log(build_dir / "train_log.jsonl")] == [3, 5]  # appended
     assert (build_dir / "eval" / "classifier.pt").read_bytes() == classifier_bytes  # reused, not retrained

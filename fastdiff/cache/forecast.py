@@ -36,6 +36,10 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.guidance.interval import batch_size_of, map_tensors
 
 HOOK_NAME = "fastdiff.forecast"
+# Largest sum of |Lagrange weights| used: 7 is a quadratic one point-spacing ahead. Extrapolating further from
+# closely spaced points (e.g. two steps past the 1-step-spaced warm-up) amplifies the curvature of the
+# trajectory's first steps and can diverge, so such steps drop to a lower degree instead.
+MAX_GAIN = 7.0
 
 
 def _flatten(output) -> list[torch.Tensor]:
@@ -59,6 +63,15 @@ def _weights(xs: list[int], x: int) -> list[float]:
                 w *= (x - xj) / (xi - xj)
         out.append(w)
     return out
+
+
+def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
+    """The highest-degree fit through the newest points whose weights amplify noise at most ``MAX_GAIN``."""
+    while True:
+        weights = _weights([s for s, _ in points], step)
+        if len(points) == 1 or sum(abs(w) for w in weights) <= MAX_GAIN:
+            return points, weights
+        points = points[1:]
 
 
 class ForecastHook(ModelHook):
@@ -100,8 +113,7 @@ class ForecastHook(ModelHook):
     def _predict(self, step: int, branches: tuple[str, ...]):
         per_branch = []
         for branch in branches:
-            points = self.history[branch][-(self.order + 1) :]
-            weights = _weights([s for s, _ in points], step)
+            points, weights = _stable_fit(self.history[branch][-(self.order + 1) :], step)
             chunks = [
                 sum(w * values[k] for w, (_, values) in zip(weights, points))
                 for k in range(len(points[-1][1]))
