@@ -10,7 +10,7 @@ from diffusers.hooks import ModelHook
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.cache.forecast import ForecastHook
+from fastdiff.cache.forecast import MAX_GAIN, ForecastHook, _stable_fit, _weights
 from fastdiff.core.context import StepContext
 from fastdiff.core.hooks import install_hook
 from fastdiff.core.models import UnsupportedModelError
@@ -70,28 +70,40 @@ class Polynomial(torch.nn.Module):
         return (sum(c * s**k for k, c in enumerate(self.coefficients)) * sample,)
 
 
+def test_weights_reproduce_polynomials_and_gain_caps_the_reach():
+    quadratic = [1.0 + 0.5 * s - 0.05 * s * s for s in range(12)]
+    for xs, x in (([2, 5, 8], 9), ([0, 1, 2], 3), ([1, 4, 7], 11)):
+        value = sum(w * quadratic[i] for w, i in zip(_weights(xs, x), xs))
+        assert value == pytest.approx(quadratic[x], abs=1e-9)
+    points = [(s, None) for s in (0, 1, 2)]
+    assert [s for s, _ in _stable_fit(points, 3)[0]] == [1, 2]  # quadratic 1 ahead: gain 7 -> a line, 3
+    assert [s for s, _ in _stable_fit(points, 4)[0]] == [2]  # a line 2 ahead: gain 5 -> reuse the last
+    assert [s for s, _ in _stable_fit([(2, None), (5, None), (8, None)], 9)[0]] == [2, 5, 8]  # gain 2.56
+    assert MAX_GAIN == 3
+
+
 @pytest.mark.parametrize(
-    "order, coefficients, exact, full_steps",
+    "order, coefficients, interval, full, exact",
     [
-        (1, [1.0, 0.5], True, [0, 1, 4, 7, 10]),
-        (2, [1.0, 0.5, -0.05], True, [0, 1, 2, 5, 8, 11]),
-        (1, [1.0, 0.5, -0.05], False, [0, 1, 4, 7, 10]),
+        # A line, order 1, interval 2: every prediction is a line at most one spacing ahead: all exact.
+        (1, [1.0, 0.5], 2, [0, 1, 3, 5, 7, 9, 11], range(12)),
+        # A quadratic, order 2, interval 3: the quadratic through (1, 4, 7) / (4, 7, 10) is used one step
+        # ahead (8, 11); other skipped steps fall back to a line or to reuse, which a quadratic defeats.
+        (2, [1.0, 0.5, -0.05], 3, [0, 1, 4, 7, 10], [0, 1, 4, 7, 8, 10, 11]),
+        # The same quadratic with order 1: only the full steps are exact.
+        (1, [1.0, 0.5, -0.05], 3, [0, 1, 4, 7, 10], [0, 1, 4, 7, 10]),
     ],
 )
-def test_polynomials_up_to_order_are_extrapolated_exactly(order, coefficients, exact, full_steps):
+def test_hook_runs_the_schedule_and_extrapolates(order, coefficients, interval, full, exact):
     context = StepContext(call_index=1, num_steps=12, cfg=True, branches=("uncond", "cond"))
     toy, truth = Polynomial(context, coefficients), Polynomial(context, coefficients)
-    install_hook(toy, ForecastHook(context, order=order, interval=3, warmup=order + 1), "fastdiff.forecast")
+    install_hook(toy, ForecastHook(context, order=order, interval=interval, warmup=2), "fastdiff.forecast")
     sample = torch.randn(4, 3)
-    errors = []
     for step in range(12):
         context.step = step
-        errors.append(float((toy(sample)[0] - truth(sample)[0]).abs().max()))
-    assert toy.ran == full_steps  # the warm-up steps (order + 1 points), then every 3 steps
-    if exact:
-        assert max(errors) < 1e-4, errors
-    else:  # a quadratic extrapolated linearly is off on the skipped steps only
-        assert all((e > 1e-3) == (s not in toy.ran) for s, e in enumerate(errors)), errors
+        error = float((toy(sample)[0] - truth(sample)[0]).abs().max())
+        assert (error < 1e-4) == (step in exact), (step, error)
+    assert toy.ran == full  # real evaluations: the warm-up steps, then every `interval` steps
 
 
 class Recorder(ModelHook):

@@ -78,17 +78,22 @@ def make_inputs(pipe, batch: int | None = None, guidance: float | None = None) -
 
 
 def time_runs(fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None):
-    """One untimed warm-up, then ``runs`` timed calls. Returns (seconds per run, last output, peak RSS MiB)."""
+    """One untimed warm-up, then ``runs`` timed calls.
+
+    Returns (wall seconds per run, last output, peak RSS MiB, process CPU seconds per run). CPU time is the
+    steadier figure on a machine shared with other work.
+    """
     fn()
-    seconds, output = [], None
+    seconds, cpu_seconds, output = [], [], None
     with peak_rss_mb() as rss:
         for _ in range(runs):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             output = fn()
             seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - cpu)
             if on_run:
                 on_run()
-    return seconds, output, rss["peak"]
+    return seconds, output, rss["peak"], cpu_seconds
 
 
 def run_bench(
@@ -133,7 +138,7 @@ def run_bench(
                 return fp(**call, generator=torch.Generator().manual_seed(seed))
 
             bar.set_postfix_str(name)
-            seconds, output, rss = time_runs(once, runs, on_run=bar.update)
+            seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update)
             bar.update(1)
             images = np.asarray(output.images)
             if image_dir:
@@ -145,6 +150,7 @@ def run_bench(
                 "specs": specs,
                 "seconds_median": statistics.median(seconds),
                 "seconds": seconds,
+                "cpu_seconds_median": statistics.median(cpu_seconds),
                 "denoiser_calls": fp.context.nfe,
                 "peak_rss_mb": round(rss, 1),
                 "speedup": None,
@@ -161,6 +167,7 @@ def run_bench(
             if handle is not None:
                 handle.remove()
         row["speedup"] = results[0]["seconds_median"] / row["seconds_median"] if results else 1.0
+        row["cpu_speedup"] = results[0]["cpu_seconds_median"] / row["cpu_seconds_median"] if results else 1.0
         results.append(row)
     bar.close()
     out = {
@@ -189,11 +196,21 @@ def _batch(inputs: dict) -> int:
 
 def format_table(result: dict) -> str:
     """A fixed-width table of a bench result."""
-    base = ["name", "seconds_median", "speedup", "denoiser_calls", "peak_rss_mb", "psnr", "ssim"]
-    extra = sorted({k for row in result["configs"] for k in row} - set(base) - {"specs", "seconds"})
+    base = [
+        "name",
+        "seconds_median",
+        "speedup",
+        "cpu_speedup",
+        "denoiser_calls",
+        "peak_rss_mb",
+        "psnr",
+        "ssim",
+    ]
+    skip = {"specs", "seconds", "cpu_seconds_median"}
+    extra = sorted({k for row in result["configs"] for k in row} - set(base) - skip)
     cols = base + extra
     rows = [[_fmt(row.get(c)) for c in cols] for row in result["configs"]]
-    header = ["config", "s (median)", "speedup", "NFE", "RSS MiB", "PSNR", "SSIM", *extra]
+    header = ["config", "s (median)", "speedup", "CPU speedup", "NFE", "RSS MiB", "PSNR", "SSIM", *extra]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
