@@ -22,6 +22,7 @@ DEMO_CONFIGS = [
     ("dpm++2m 20", "scheduler(name=dpm++2m,steps=20)"),
     ("dpm++2m 10", "scheduler(name=dpm++2m,steps=10)"),
     ("unipc 5", "scheduler(name=unipc,steps=5)"),
+    ("dpm++2m 20 + deepcache", "scheduler(name=dpm++2m,steps=20);deepcache(interval=3,branch=1)"),
 ]
 
 

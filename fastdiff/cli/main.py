@@ -74,6 +74,7 @@ def cmd_bench(args) -> None:
         resolve_model(args.model, args.size), _parse_configs(args.config), steps=args.steps, runs=args.runs,
         seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
         guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
+        warmup=not args.no_warmup,
     )  # fmt: skip
     print(format_table(result))
     if args.json:
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--guidance", type=float)
     bench.add_argument("--json", help="write results JSON here")
     bench.add_argument("--images", help="write a PNG grid per config into this directory")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
     bench.set_defaults(func=cmd_bench)
 

@@ -77,13 +77,16 @@ def make_inputs(pipe, batch: int | None = None, guidance: float | None = None) -
     return kwargs
 
 
-def time_runs(fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None):
+def time_runs(
+    fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None, warmup: bool = True
+):
     """One untimed warm-up, then ``runs`` timed calls.
 
     Returns (wall seconds per run, last output, peak RSS MiB, process CPU seconds per run). CPU time is the
     steadier figure on a machine shared with other work.
     """
-    fn()
+    if warmup:
+        fn()
     seconds, cpu_seconds, output = [], [], None
     with peak_rss_mb() as rss:
         for _ in range(runs):
@@ -110,6 +113,7 @@ def run_bench(
     json_path: str | Path | None = None,
     quality: bool = True,
     image_dir: str | Path | None = None,
+    warmup: bool = True,
 ) -> dict:
     """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON)."""
     if runs <= 0:
@@ -126,7 +130,7 @@ def run_bench(
             inputs[key] = value
     evaluator = quality_for(fp.pipe) if quality else None
     results, reference = [], None
-    bar = tqdm(total=len(configs) * (runs + 1), desc="bench", unit="run")
+    bar = tqdm(total=len(configs) * (runs + warmup), desc="bench", unit="run")
     for name, specs in configs:
         handle = fp.accelerate(specs) if specs.strip() else None
         try:
@@ -138,8 +142,8 @@ def run_bench(
                 return fp(**call, generator=torch.Generator().manual_seed(seed))
 
             bar.set_postfix_str(name)
-            seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update)
-            bar.update(1)
+            seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
+            bar.update(int(warmup))
             images = np.asarray(output.images)
             if image_dir:
                 save_grid(
@@ -173,7 +177,7 @@ def run_bench(
     out = {
         "model": str(getattr(fp.pipe, "name_or_path", "")),
         "pipeline": type(fp.pipe).__name__,
-        "settings": {"steps": steps, "runs": runs, "seed": seed, "threads": torch.get_num_threads(),
+        "settings": {"steps": steps, "runs": runs, "warmup": warmup, "seed": seed, "threads": torch.get_num_threads(),
                      "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
         "configs": results,
     }  # fmt: skip

@@ -1,0 +1,39 @@
+"""Render benchmarks/reference.md from the digits-reference bench JSONs (guidance 1 and 2).
+
+Run (the JSONs come from, for g in 1 2):
+  fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \\
+    --config ddim50="scheduler(name=ddim,steps=50)" --config ddim20="scheduler(name=ddim,steps=20)" \\
+    --config ddim10="scheduler(name=ddim,steps=10)" --config dpm++2m20="scheduler(name=dpm++2m,steps=20)" \\
+    --config dpm++2m10="scheduler(name=dpm++2m,steps=10)" --config dpm++2m5="scheduler(name=dpm++2m,steps=5)" \\
+    --config unipc10="scheduler(name=unipc,steps=10)" --config unipc5="scheduler(name=unipc,steps=5)" \\
+    --json benchmarks/results/reference_g$g.json
+then:  python benchmarks/reference_report.py >> benchmarks/reference.md
+"""
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def main() -> None:
+    print(
+        "| sampler | guidance | NFE | accuracy | FD | fd_floor | CPU s / 100 images | wall s / 100 images |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for guidance in (1, 2):
+        path = RESULTS / f"reference_g{guidance}.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        per100 = 100 / result["settings"]["batch"]
+        for row in result["configs"]:
+            print(
+                f"| {row['name']} | {guidance} | {row['denoiser_calls']} | {100 * row['accuracy']:.1f}% | "
+                f"{row['fd']:.2f} | {row['fd_floor']:.2f} | {row['cpu_seconds_median'] * per100:.2f} | "
+                f"{row['seconds_median'] * per100:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
