@@ -73,17 +73,28 @@ def compile_units(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     ]
 
 
+# Compiled graphs per class forward: every instance shape (3 block widths, CFG on/off, other image sizes)
+# is one entry, and dynamo's default limit of 8 per function would silently fall back to eager beyond it.
+RECOMPILE_LIMIT = 64
+
+
 class _CompiledHook(ModelHook):
-    """Calls a compiled version of the module's forward."""
+    """Calls a compiled version of the module's forward, with room for one graph per input shape."""
 
     def __init__(self, compiled, bound: bool):
         super().__init__()
         self.compiled, self.bound = compiled, bound
 
     def new_forward(self, module, *args, **kwargs):
-        if self.bound:
-            return self.compiled(*args, **kwargs)
-        return self.compiled(module, *args, **kwargs)
+        config = torch._dynamo.config
+        limit = config.recompile_limit
+        config.recompile_limit = max(limit, RECOMPILE_LIMIT)  # for our calls only; restored below
+        try:
+            if self.bound:
+                return self.compiled(*args, **kwargs)
+            return self.compiled(module, *args, **kwargs)
+        finally:
+            config.recompile_limit = limit
 
 
 @register
