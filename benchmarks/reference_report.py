@@ -7,7 +7,9 @@ Run (the JSONs come from, for g in 1 2):
     --config dpm++2m10="scheduler(name=dpm++2m,steps=10)" --config dpm++2m5="scheduler(name=dpm++2m,steps=5)" \\
     --config unipc10="scheduler(name=unipc,steps=10)" --config unipc5="scheduler(name=unipc,steps=5)" \\
     --json benchmarks/results/reference_g$g.json
-then:  python benchmarks/reference_report.py >> benchmarks/reference.md
+  fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \
+    --config ddpm1000="scheduler(name=ddpm,steps=1000)" --json benchmarks/results/reference_ddpm_g$g.json
+then:  python benchmarks/reference_report.py   (prints the table of benchmarks/reference.md)
 """
 
 import json
@@ -22,17 +24,19 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for guidance in (1, 2):
-        path = RESULTS / f"reference_g{guidance}.json"
-        if not path.exists():
-            continue
-        result = json.loads(path.read_text())
-        per100 = 100 / result["settings"]["batch"]
-        for row in result["configs"]:
-            print(
-                f"| {row['name']} | {guidance} | {row['denoiser_calls']} | {100 * row['accuracy']:.1f}% | "
-                f"{row['fd']:.2f} | {row['fd_floor']:.2f} | {row['cpu_seconds_median'] * per100:.2f} | "
-                f"{row['seconds_median'] * per100:.2f} |"
-            )
+        for path in (RESULTS / f"reference_ddpm_g{guidance}.json", RESULTS / f"reference_g{guidance}.json"):
+            if path.exists():
+                _rows(json.loads(path.read_text()), guidance)
+
+
+def _rows(result: dict, guidance: int) -> None:
+    per100 = 100 / result["settings"]["batch"]
+    for row in result["configs"]:
+        print(
+            f"| {row['name']} | {guidance} | {row['denoiser_calls']} | {100 * row['accuracy']:.1f}% | "
+            f"{row['fd']:.2f} | {row['fd_floor']:.2f} | {row['cpu_seconds_median'] * per100:.2f} | "
+            f"{row['seconds_median'] * per100:.2f} |"
+        )
 
 
 if __name__ == "__main__":

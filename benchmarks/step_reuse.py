@@ -5,13 +5,13 @@ Run (1 thread; every ratio comes from configs timed in the same run)::
     .venv/bin/python benchmarks/step_reuse.py --models tiny-sd tiny-dit tiny-sdxl --rounds 3
     .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 2   # needs .fastdiff-cache/digits
 
-Every model uses DPM++ 2M at 20 steps. The machine is shared, so configs are timed *interleaved*: each round
-applies every config in turn, times one call (wall clock and this process's CPU time) and removes it; round 0
-is an untimed warm-up. Speedups are ratios of medians against ``none``; ``cpu_speedup`` (CPU seconds) is the
-steadier figure when other processes load the machine. ``promptcache`` gets one untimed call after each apply,
-so its timed call hits the cache (the repeated-prompt case). Fidelity (PSNR/SSIM) is against ``none``'s images;
-the digits model adds classifier accuracy and FD. Results are merged into ``benchmarks/results/step_reuse.json``
-under the model's name.
+Every model uses DPM++ 2M at 20 steps. The machine is shared and its speed drifts by tens of percent within
+minutes, so timing is *paired*: each round times, for every config, one call of ``none`` immediately followed
+by one call of the config (each applied, called and removed), and the speedup is the median over rounds of
+the pair's ratio (wall clock; ``cpu_speedup`` from this process's CPU time). A warm-up call of every config
+comes first. ``promptcache`` gets one untimed call after each apply, so its timed call hits the cache (the
+repeated-prompt case). Fidelity (PSNR/SSIM) is against ``none``'s images; the digits model adds classifier
+accuracy and FD. Results are merged into ``benchmarks/results/step_reuse.json`` under the model's name.
 """
 
 from __future__ import annotations
@@ -78,47 +78,56 @@ def load(model: str, size: str = "bench") -> FastPipeline:
 
 
 def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: float | None) -> dict:
-    """Interleaved timing of every config (see the module docstring); rows in ``fastdiff bench``'s format."""
+    """Paired timing of every config against the first (see the module docstring); ``fastdiff bench`` rows."""
     fp.pipe.set_progress_bar_config(disable=True)
     call = dict(make_inputs(fp.pipe, batch, guidance), output_type="np")
+    base_name = configs[0][0]
     wall = {name: [] for name, _ in configs}
     cpu = {name: [] for name, _ in configs}
+    ratios = {name: ([], []) for name, _ in configs}  # (wall, cpu) of the adjacent base call / this call
     images, nfe = {}, {}
-    for round_index in range(rounds + 1):
-        for name, specs in configs:
-            handle = fp.accelerate(specs)
-            try:
-                if "promptcache" in specs:
-                    fp(**call, generator=torch.Generator().manual_seed(0))
-                start_wall, start_cpu = time.perf_counter(), time.process_time()
-                output = fp(**call, generator=torch.Generator().manual_seed(0))
-                elapsed_wall, elapsed_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
-            finally:
-                handle.remove()
-            if round_index:
-                wall[name].append(elapsed_wall)
-                cpu[name].append(elapsed_cpu)
-            images[name], nfe[name] = np.asarray(output.images), fp.context.nfe
+
+    def timed(name: str, specs: str) -> tuple[float, float]:
+        handle = fp.accelerate(specs)
+        try:
+            if "promptcache" in specs:
+                fp(**call, generator=torch.Generator().manual_seed(0))  # fills the cache: the timed call hits
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            output = fp(**call, generator=torch.Generator().manual_seed(0))
+            elapsed = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        finally:
+            handle.remove()
+        images[name], nfe[name] = np.asarray(output.images), fp.context.nfe
+        return elapsed
+
+    for name, specs in configs:  # warm-up, untimed
+        timed(name, specs)
+    for _ in range(rounds):
+        for name, specs in configs[1:]:
+            base, this = timed(base_name, configs[0][1]), timed(name, specs)
+            for times, t in ((wall, (base[0], this[0])), (cpu, (base[1], this[1]))):
+                times[base_name].append(t[0])
+                times[name].append(t[1])
+            ratios[name][0].append(base[0] / this[0])
+            ratios[name][1].append(base[1] / this[1])
     evaluator = quality_for(fp.pipe)
-    reference, base_wall, base_cpu = images[configs[0][0]], None, None
+    reference = images[base_name]
     rows = []
     for name, specs in configs:
+        first = name == base_name
         row = {"name": name, "specs": specs, "seconds_median": statistics.median(wall[name]),
-               "seconds": wall[name], "cpu_s_median": statistics.median(cpu[name]),
-               "denoiser_calls": nfe[name]}  # fmt: skip
-        base_wall = base_wall or row["seconds_median"]
-        base_cpu = base_cpu or row["cpu_s_median"]
-        row["speedup"] = base_wall / row["seconds_median"]
-        row["cpu_speedup"] = base_cpu / row["cpu_s_median"]
-        same = name == configs[0][0]
-        row["psnr"] = None if same else psnr(images[name], reference)
-        row["ssim"] = None if same else ssim(images[name], reference)
+               "seconds": wall[name], "cpu_s_median": statistics.median(cpu[name]), "denoiser_calls": nfe[name],
+               "speedup": 1.0 if first else statistics.median(ratios[name][0]),
+               "cpu_speedup": 1.0 if first else statistics.median(ratios[name][1]),
+               "psnr": None if first else psnr(images[name], reference),
+               "ssim": None if first else ssim(images[name], reference)}  # fmt: skip
         if evaluator is not None:
             row.update(evaluator(fp.pipe, call, images[name], 0))
         rows.append(row)
     settings = {"steps": 20, "rounds": rounds, "threads": torch.get_num_threads(), "batch": len(reference),
                 "inputs": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")}}  # fmt: skip
-    return {"pipeline": type(fp.pipe).__name__, "settings": settings, "configs": rows, "cpu_seconds": cpu}
+    return {"pipeline": type(fp.pipe).__name__, "settings": settings, "configs": rows, "cpu_seconds": cpu,
+            "ratios": ratios}  # fmt: skip
 
 
 def main() -> None:
@@ -142,6 +151,7 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         result = bench(load(model, args.size), configs, args.rounds, args.batch, guidance)
         result["load_average"] = [load_before, os.getloadavg()[0]]
+        result["timing"] = "paired"
         results[model] = result
         print(f"\n== {model} (guidance {result['settings']['inputs'].get('guidance_scale')}, "
               f"batch {result['settings']['batch']}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
