@@ -258,6 +258,7 @@ def recover(
     return {
         "steps": end,
         "resumed_from": start,
+        "device": str(accelerator.device),
         "seconds": time.perf_counter() - started,
         "loss_first": sum(losses[:window]) / window if losses else None,
         "loss_last": sum(losses[-window:]) / window if losses else None,
