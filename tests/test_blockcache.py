@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
-from diffusers.hooks import FirstBlockCacheConfig, ModelHook, apply_first_block_cache
+from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
 from diffusers.hooks.hooks import CacheContext, _set_cache_context
+from helpers import Counter, SplitBranches, call, make_fp, psnr
 
 from fastdiff import AcceleratorError, FastPipeline, UnsupportedModelError
 from fastdiff.core.hooks import install_hook
@@ -14,60 +17,31 @@ from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.zoo.tiny import make_pipeline
 
 MIN_PSNR = 30.0  # dB vs the uncached output, 8 dpm++ steps (interval=2 measured ~40 dB on tiny-dit test)
+SCHEDULER = "scheduler(name=dpm++2m,steps=8)"
 MODES = ["blockcache(mode=first-block,threshold=0.2)", "blockcache(mode=interval,interval=2)"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two threads on the shared 2-core machine are ~20x slower than one; restore afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def wrapped(steps: int = 8) -> FastPipeline:
-    fp = FastPipeline(make_pipeline("tiny-dit", "test"))
-    fp.pipe.set_progress_bar_config(disable=True)
-    fp.accelerate(f"scheduler(name=dpm++2m,steps={steps})")
-    return fp
 
 
 @pytest.fixture(scope="module")
 def dit():
-    return wrapped()
+    return make_fp("tiny-dit", SCHEDULER)
 
 
-def run(fp, labels=(1, 2), guidance=4.0) -> np.ndarray:
-    return fp(
-        class_labels=list(labels),
-        guidance_scale=guidance,
-        output_type="np",
-        generator=torch.Generator().manual_seed(0),
-    ).images
+run = functools.partial(call, steps=None, guidance=4.0)  # the scheduler preset's 8 steps
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return float(10 * np.log10(1.0 / np.mean((a - b) ** 2)))
-
-
-class Counter:
-    """Counts real calls of a leaf module inside the last block (skipped work never reaches it)."""
-
-    def __init__(self, fp):
-        self.calls = 0
-        leaf = fp.denoiser.transformer_blocks[-1].attn1.to_q
-        self.handle = leaf.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+def last_leaf(fp):
+    """A leaf module inside the last block (skipped work never reaches it)."""
+    return fp.denoiser.transformer_blocks[-1].attn1.to_q
 
 
 @pytest.mark.parametrize("spec", MODES)
 @pytest.mark.parametrize("guidance", [4.0, 1.0])
 def test_close_to_baseline_skips_work_and_removes_bit_identical(dit, spec, guidance):
     labels = (1, 2, 3)
-    base = run(dit, labels, guidance)
-    counter = Counter(dit)
+    base = run(dit, labels=labels, guidance=guidance)
+    counter = Counter(last_leaf(dit))
     handle = dit.accelerate(spec)
-    cached = run(dit, labels, guidance)
+    cached = run(dit, labels=labels, guidance=guidance)
     handle.remove()
     counter.handle.remove()
     assert cached.shape == base.shape == (3, 32, 32, 3)
@@ -76,7 +50,7 @@ def test_close_to_baseline_skips_work_and_removes_bit_identical(dit, spec, guida
         assert counter.calls == 4  # steps 0, 2, 4, 6
     for i in range(3):
         assert psnr(cached[i], base[i]) >= MIN_PSNR, i
-    np.testing.assert_array_equal(run(dit, labels, guidance), base)
+    np.testing.assert_array_equal(run(dit, labels=labels, guidance=guidance), base)
 
 
 def test_threshold_zero_never_skips(dit):
@@ -96,7 +70,7 @@ def test_first_block_matches_diffusers_first_block_cache():
         kwargs = dict(class_labels=[1, 2], guidance_scale=4.0, output_type="np")
         generator = torch.Generator().manual_seed(0)
         reference = pipe(**kwargs, num_inference_steps=8, generator=generator).images
-        fp = wrapped()
+        fp = make_fp("tiny-dit", SCHEDULER)
         fp.accelerate(f"blockcache(threshold={threshold})")
         np.testing.assert_array_equal(run(fp), reference)
 
@@ -110,7 +84,7 @@ def test_apply_twice_is_once_and_no_state_between_calls(dit, spec):
     second = run(dit, labels=(7, 8))
     again.remove()
     handle.remove()
-    fresh = wrapped()
+    fresh = make_fp("tiny-dit", SCHEDULER)
     fresh.accelerate(spec)
     np.testing.assert_array_equal(second, run(fresh, labels=(7, 8)))
 
@@ -120,7 +94,7 @@ def test_interval_reuse_is_exact_for_identical_inputs():
     model, ctx = fp.denoiser, fp.context
     fp.pipe.scheduler.set_timesteps(4)
     handle = fp.accelerate("blockcache(mode=interval,interval=4)")
-    counter = Counter(fp)
+    counter = Counter(last_leaf(fp))
     latents = torch.randn(2, model.config.in_channels, model.config.sample_size, model.config.sample_size)
     ctx.begin_call(cfg=False, cfg_layout=())
     outputs = []
@@ -136,37 +110,12 @@ def test_interval_reuse_is_exact_for_identical_inputs():
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
 
 
-class SplitBranches(ModelHook):
-    """Test stand-in for a batch-changing accelerator: on odd steps, one denoiser call per branch, reversed."""
-
-    def __init__(self, context):
-        super().__init__()
-        self.context = context
-
-    def new_forward(self, module, *args, **kwargs):
-        ctx, branches = self.context, self.context.branches
-        if ctx.step % 2 == 0 or len(branches) == 1:
-            return self.fn_ref.original_forward(*args, **kwargs)
-        batch, parts = args[0].shape[0], {}
-
-        def part(x, i):
-            return x.chunk(len(branches))[i] if torch.is_tensor(x) and x.ndim and x.shape[0] == batch else x
-
-        for i in reversed(range(len(branches))):
-            ctx.branches = (branches[i],)
-            parts[i] = self.fn_ref.original_forward(
-                *[part(x, i) for x in args], **{k: part(x, i) for k, x in kwargs.items()}
-            )
-        ctx.branches = branches
-        return type(parts[0])(sample=torch.cat([parts[i].sample for i in range(len(branches))]))
-
-
 @pytest.mark.parametrize("spec", ["blockcache(mode=first-block,threshold=1000)", MODES[1]])
 def test_state_follows_the_branch_when_the_batch_changes(dit, spec):
     handle = dit.accelerate(spec)
     batched = run(dit)
     split = install_hook(dit.denoiser, SplitBranches(dit.context), "test.split")
-    counter = Counter(dit)
+    counter = Counter(last_leaf(dit))
     per_branch = run(dit)
     handle.remove()
     uncached = run(dit)

@@ -8,9 +8,9 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
+from helpers import call_kwargs, tiny_pipe
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
@@ -18,37 +18,14 @@ from fastdiff.core.hooks import install_hook
 from fastdiff.core.registry import REGISTRY, available, conflict_reason
 from fastdiff.schedulers import PRESETS
 from fastdiff.zoo import build
-from fastdiff.zoo.tiny import PIPELINE_MAKERS, make_pipeline
+from fastdiff.zoo.tiny import PIPELINE_MAKERS
 
 FAMILIES = sorted(PIPELINE_MAKERS)
 
 
-def call_kwargs(pipe, steps=3, guidance=None):
-    name = type(pipe).__name__
-    kwargs = {
-        "num_inference_steps": steps,
-        "output_type": "np",
-        "generator": torch.Generator().manual_seed(0),
-    }
-    if name.startswith("StableDiffusion"):
-        kwargs["prompt"] = ["a red fox", "a blue car"]
-    elif name == "DiTPipeline":
-        kwargs["class_labels"] = [1, 2]
-    else:
-        kwargs["batch_size"] = 2
-    if guidance is not None:
-        kwargs["guidance_scale"] = guidance
-    return kwargs
-
-
 @pytest.fixture(scope="module")
 def pipes():
-    out = {}
-    for name in FAMILIES:
-        pipe = make_pipeline(name, "test")
-        pipe.set_progress_bar_config(disable=True)
-        out[name] = pipe
-    return out
+    return {name: tiny_pipe(name) for name in FAMILIES}
 
 
 @pytest.fixture

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 import torch
-from diffusers.hooks import ModelHook
+from helpers import Counter, SplitBranches, call, make_fp, psnr
 
 from fastdiff import AcceleratorError, FastPipeline, UnsupportedModelError
 from fastdiff.cache.deepcache import full_steps, plan, quad_center_steps
@@ -15,41 +16,10 @@ from fastdiff.core.hooks import install_hook
 from fastdiff.zoo.tiny import make_pipeline
 
 UNETS = ["tiny-sd", "tiny-sdxl", "tiny-ddpm"]
+SCHEDULER = "scheduler(name=dpm++2m,steps=8)"
 MIN_PSNR = 30.0  # dB vs the uncached output, 8 dpm++ steps, interval 3 (measured: 37.6-41.3 dB)
 
-
-def inputs(name: str, guidance: float | None = None, prompts=("a red fox", "a blue car")) -> dict:
-    kwargs = {"output_type": "np"}
-    if name == "tiny-ddpm":
-        kwargs["batch_size"] = len(prompts)
-    else:
-        kwargs["prompt"] = list(prompts)
-        if guidance is not None:
-            kwargs["guidance_scale"] = guidance
-    return kwargs
-
-
-def wrapped(name: str, steps: int = 8) -> FastPipeline:
-    fp = FastPipeline(make_pipeline(name, "test"))
-    fp.pipe.set_progress_bar_config(disable=True)
-    fp.accelerate(f"scheduler(name=dpm++2m,steps={steps})")
-    return fp
-
-
-def run(fp: FastPipeline, **kwargs) -> np.ndarray:
-    return fp(**kwargs, generator=torch.Generator().manual_seed(0)).images
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return float(10 * np.log10(1.0 / np.mean((a - b) ** 2)))
-
-
-class Counter:
-    """Counts real calls of a leaf module (a skipped block never reaches its leaves)."""
-
-    def __init__(self, module):
-        self.calls = 0
-        self.handle = module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+run = functools.partial(call, steps=None)  # the scheduler preset's 8 steps
 
 
 def deep_leaf(unet):
@@ -57,18 +27,9 @@ def deep_leaf(unet):
     return block.resnets[0].conv1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two threads on the shared 2-core machine are ~20x slower than one; restore afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def sd():
-    return wrapped("tiny-sd")
+    return make_fp("tiny-sd", SCHEDULER)
 
 
 @pytest.mark.parametrize("name", UNETS)
@@ -102,32 +63,32 @@ def test_cached_step_equals_full_pass_for_every_branch(name):
 
 @pytest.mark.parametrize("name", ["tiny-sd", "tiny-sdxl"])
 def test_close_to_baseline_and_removed_bit_identical(name):
-    fp = wrapped(name)
-    base = run(fp, **inputs(name))
+    fp = make_fp(name, SCHEDULER)
+    base = run(fp)
     counter = Counter(deep_leaf(fp.denoiser))
     handle = fp.accelerate("deepcache(interval=3,branch=0)")
-    cached = run(fp, **inputs(name))
+    cached = run(fp)
     assert counter.calls == 3  # full passes at steps 0, 3, 6 of 8
     assert psnr(cached, base) >= MIN_PSNR and not np.array_equal(cached, base)
     handle.remove()
     counter.handle.remove()
-    np.testing.assert_array_equal(run(fp, **inputs(name)), base)
+    np.testing.assert_array_equal(run(fp), base)
 
 
 def test_interval_one_is_bit_identical_on_unet2d():
-    fp = wrapped("tiny-ddpm")
-    base = run(fp, **inputs("tiny-ddpm"))
+    fp = make_fp("tiny-ddpm", SCHEDULER)
+    base = run(fp)
     handle = fp.accelerate("deepcache(interval=1,branch=2)")
-    np.testing.assert_array_equal(run(fp, **inputs("tiny-ddpm")), base)
+    np.testing.assert_array_equal(run(fp), base)
     handle.remove()
 
 
 def test_apply_twice_is_once_and_a_second_config_conflicts(sd):
     handle = sd.accelerate("deepcache(interval=3)")
-    once = run(sd, **inputs("tiny-sd"))
+    once = run(sd)
     again = sd.accelerate("deepcache(interval=3)")
     assert len(sd.accelerators) == 2  # the scheduler and one deepcache
-    np.testing.assert_array_equal(run(sd, **inputs("tiny-sd")), once)
+    np.testing.assert_array_equal(run(sd), once)
     with pytest.raises(AcceleratorError, match="deepcache.*conflicts with deepcache.*denoiser.blocks"):
         sd.accelerate("deepcache(interval=2)")
     again.remove()
@@ -136,19 +97,17 @@ def test_apply_twice_is_once_and_a_second_config_conflicts(sd):
 
 def test_no_state_carried_between_calls(sd):
     handle = sd.accelerate("deepcache(interval=3)")
-    run(sd, **inputs("tiny-sd", prompts=("a red fox",)))
-    second = run(sd, **inputs("tiny-sd", prompts=("a blue car", "a green tree")))
+    run(sd, prompts=("a red fox",))
+    second = run(sd, prompts=("a blue car", "a green tree"))
     handle.remove()
-    fresh = wrapped("tiny-sd")
+    fresh = make_fp("tiny-sd", SCHEDULER)
     fresh.accelerate("deepcache(interval=3)")
-    np.testing.assert_array_equal(
-        second, run(fresh, **inputs("tiny-sd", prompts=("a blue car", "a green tree")))
-    )
+    np.testing.assert_array_equal(second, run(fresh, prompts=("a blue car", "a green tree")))
 
 
 @pytest.mark.parametrize("guidance", [7.5, 1.0])
 def test_cfg_on_and_off_with_batch(sd, guidance):
-    kwargs = inputs("tiny-sd", guidance, prompts=("a red fox", "a blue car", "a cat"))
+    kwargs = dict(guidance=guidance, prompts=("a red fox", "a blue car", "a cat"))
     base = run(sd, **kwargs)
     handle = sd.accelerate("deepcache(interval=2,branch=1)")
     cached = run(sd, **kwargs)
@@ -159,32 +118,8 @@ def test_cfg_on_and_off_with_batch(sd, guidance):
         assert psnr(cached[i], base[i]) >= MIN_PSNR, i
 
 
-class SplitBranches(ModelHook):
-    """Test stand-in for a batch-changing accelerator: on odd steps, one denoiser call per branch, reversed."""
-
-    def __init__(self, context):
-        super().__init__()
-        self.context = context
-
-    def new_forward(self, module, *args, **kwargs):
-        ctx, branches = self.context, self.context.branches
-        if ctx.step % 2 == 0 or len(branches) == 1:
-            return self.fn_ref.original_forward(*args, **kwargs)
-        batch, parts = args[0].shape[0], {}
-
-        def part(x, i):
-            return x.chunk(len(branches))[i] if torch.is_tensor(x) and x.ndim and x.shape[0] == batch else x
-
-        for i in reversed(range(len(branches))):
-            ctx.branches = (branches[i],)
-            a, k = [part(x, i) for x in args], {key: part(x, i) for key, x in kwargs.items()}
-            parts[i] = self.fn_ref.original_forward(*a, **k)[0]
-        ctx.branches = branches
-        return (torch.cat([parts[i] for i in range(len(branches))]),)
-
-
 def test_cached_features_follow_the_branch_when_the_batch_changes(sd):
-    kwargs = inputs("tiny-sd", 7.5)
+    kwargs = dict(guidance=7.5)
     handle = sd.accelerate("deepcache(interval=3)")
     batched = run(sd, **kwargs)
     split = install_hook(sd.denoiser, SplitBranches(sd.context), "test.split")
@@ -201,7 +136,7 @@ def test_cached_features_follow_the_branch_when_the_batch_changes(sd):
 
 def test_matches_the_deepcache_package(sd):
     helper_cls = pytest.importorskip("DeepCache").DeepCacheSDHelper
-    kwargs = inputs("tiny-sd", 7.5)
+    kwargs = dict(guidance=7.5)
     helper = helper_cls(pipe=sd.pipe)
     helper.set_params(cache_interval=3, cache_branch_id=0)
     helper.enable()

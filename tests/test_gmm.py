@@ -44,15 +44,6 @@ SCHEDULERS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    # Every tensor here is tiny: on a shared CPU, extra threads only add contention (10-100x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pipe():
     pipeline = GMMPipeline(unet=GMMDenoiser(mixture_seed=0), scheduler=default_scheduler())

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, UNet2DModel
 from diffusers.hooks import ModelHook
+from helpers import call, tiny_pipe
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
@@ -30,34 +33,15 @@ def make_digits_like() -> ClassConditionalPipeline:
     return ClassConditionalPipeline(unet=unet.eval(), scheduler=DDIMScheduler(clip_sample=False))
 
 
-def call_kwargs(pipe, guidance):
-    kwargs = {"num_inference_steps": STEPS, "output_type": "np", "guidance_scale": guidance}
-    if type(pipe).__name__.startswith("StableDiffusion"):
-        kwargs["prompt"] = ["a red fox", "a blue car"]
-    else:
-        kwargs["class_labels"] = [1, 2]
-    return kwargs
-
-
-def run(fp, guidance=4.0):
-    return fp(**call_kwargs(fp.pipe, guidance), generator=torch.Generator().manual_seed(0)).images
+run = functools.partial(call, steps=STEPS, guidance=4.0)
 
 
 @pytest.fixture(scope="module")
 def pipes():
-    out = {name: make_pipeline(name, "test") for name in FAMILIES if name != "digits"}
+    out = {name: tiny_pipe(name) for name in FAMILIES if name != "digits"}
     out["digits"] = make_digits_like()
-    for pipe in out.values():
-        pipe.set_progress_bar_config(disable=True)
+    out["digits"].set_progress_bar_config(disable=True)
     return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the test models are tiny; more threads only contend on a shared machine
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import call, make_fp
 from torch import nn
 
 from fastdiff import AcceleratorError, FastPipeline
@@ -19,19 +20,6 @@ from fastdiff.compress.lowrank import (
     split_macs,
 )
 from fastdiff.zoo.tiny import make_pipeline
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def sd_images(fp):
-    return fp(prompt=["a red fox", "a blue car"], num_inference_steps=2, output_type="np",
-              generator=torch.Generator().manual_seed(0)).images  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -68,9 +56,8 @@ def test_rank_choice_and_mac_rule():
 
 
 def test_lowrank_on_sd_reports_savings_and_restores():
-    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
-    fp.pipe.set_progress_bar_config(disable=True)
-    before = sd_images(fp)
+    fp = make_fp("tiny-sd")
+    before = call(fp, steps=2)
     handle = fp.accelerate("lowrank(rank=4,targets=linear+conv1x1)")
     info = handle.handles[0]
     assert info.layers == len(info.ranks) > 10 and set(info.ranks.values()) == {4}
@@ -80,11 +67,11 @@ def test_lowrank_on_sd_reports_savings_and_restores():
     for name in splits:  # only layers whose split costs fewer MACs
         seq = fp.denoiser.get_submodule(name)
         assert not (isinstance(seq[0], nn.Conv2d) and seq[0].kernel_size != (1, 1))
-    out = sd_images(fp)
+    out = call(fp, steps=2)
     assert np.isfinite(out).all() and not np.array_equal(out, before)
     handle.remove()
     assert factored_ranks(fp.denoiser) == {}
-    np.testing.assert_array_equal(sd_images(fp), before)
+    np.testing.assert_array_equal(call(fp, steps=2), before)
 
 
 def test_full_energy_leaves_every_layer_alone():
@@ -96,19 +83,18 @@ def test_full_energy_leaves_every_layer_alone():
 
 
 def test_merged_factors_resplit_from_ranks_file(tmp_path):
-    fp = FastPipeline(make_pipeline("tiny-sd", "test"))
-    fp.pipe.set_progress_bar_config(disable=True)
+    fp = make_fp("tiny-sd")
     handle = fp.accelerate("lowrank(energy=0.8,targets=all)")
     ranks = handle.handles[0].ranks
-    split_out = sd_images(fp)
+    split_out = call(fp, steps=2)
     assert merge_factors(fp.denoiser) == len(ranks) and factored_ranks(fp.denoiser) == {}
-    np.testing.assert_allclose(sd_images(fp), split_out, atol=1e-4)  # dense product: same function
+    np.testing.assert_allclose(call(fp, steps=2), split_out, atol=1e-4)  # dense product: same function
     path = tmp_path / "ranks.json"
     path.write_text(json.dumps(ranks))
     fp2 = FastPipeline(fp.unwrap())
     again = fp2.accelerate(f"lowrank(ranks_file={path})").handles[0]
     assert again.ranks == ranks
-    np.testing.assert_allclose(sd_images(fp2), split_out, atol=1e-4)
+    np.testing.assert_allclose(call(fp2, steps=2), split_out, atol=1e-4)
     with pytest.raises(AcceleratorError, match="ranks_file 'nope.json' not found"):
         FastPipeline(fp2.unwrap()).accelerate("lowrank(ranks_file=nope.json)")
 

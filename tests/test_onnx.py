@@ -7,19 +7,10 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 
 from fastdiff.compress.onnx_export import export_onnx
 from fastdiff.compress.recover import compress_model
 from fastdiff.zoo import build
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_sd_denoiser_and_vae_match_torch_at_two_batch_sizes(tmp_path):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
+from helpers import call, tiny_pipe
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
@@ -12,20 +15,9 @@ from fastdiff.core.models import UnsupportedModelError
 from fastdiff.zoo.tiny import make_pipeline
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pipes():
-    out = {name: make_pipeline(name, "test") for name in ("tiny-sd", "tiny-sdxl")}
-    for pipe in out.values():
-        pipe.set_progress_bar_config(disable=True)
-    return out
+    return {name: tiny_pipe(name) for name in ("tiny-sd", "tiny-sdxl")}
 
 
 @pytest.fixture
@@ -49,14 +41,7 @@ class EncoderRuns:
         self._handle.remove()
 
 
-def run(fp, prompt=("a red fox", "a blue car"), guidance=7.5, **extra):
-    kwargs = {
-        "prompt": list(prompt),
-        "num_inference_steps": 2,
-        "output_type": "np",
-        "guidance_scale": guidance,
-    }
-    return fp(**kwargs, **extra, generator=torch.Generator().manual_seed(0)).images
+run = functools.partial(call, steps=2, guidance=7.5)  # SD's usual guidance; extra keywords pass through
 
 
 def stats(handle):
@@ -84,7 +69,7 @@ def test_second_call_hits_and_is_bit_identical(sd):
 def test_different_prompt_and_negative_prompt_miss(sd):
     handle = sd.accelerate("promptcache(size=8)")
     run(sd)
-    run(sd, prompt=("a green frog", "a blue car"))  # a new prompt batch misses, the negatives hit
+    run(sd, prompts=("a green frog", "a blue car"))  # a new prompt batch misses, the negatives hit
     assert (stats(handle)["hits"], stats(handle)["misses"]) == (1, 3)
     with_negative = run(sd, negative_prompt=["blurry", "dark"])
     assert (stats(handle)["hits"], stats(handle)["misses"]) == (2, 4)
@@ -97,12 +82,12 @@ def test_different_prompt_and_negative_prompt_miss(sd):
 
 def test_lru_eviction_at_size_and_no_guidance(sd):
     handle = sd.accelerate("promptcache(size=2)")
-    a_uncached = run(sd, prompt=["a"], guidance=1.0)  # guidance off: one encoder call per pipeline call
+    a_uncached = run(sd, prompts=["a"], guidance=1.0)  # guidance off: one encoder call per pipeline call
     for prompt in ("b", "a", "c"):  # a is used again before c arrives, so b is the one evicted
-        run(sd, prompt=[prompt], guidance=1.0)
+        run(sd, prompts=[prompt], guidance=1.0)
     assert (stats(handle)["hits"], stats(handle)["misses"], stats(handle)["entries"]) == (1, 3, 2)
-    np.testing.assert_array_equal(run(sd, prompt=["a"], guidance=1.0), a_uncached)  # hit
-    run(sd, prompt=["b"], guidance=1.0)  # miss: evicted
+    np.testing.assert_array_equal(run(sd, prompts=["a"], guidance=1.0), a_uncached)  # hit
+    run(sd, prompts=["b"], guidance=1.0)  # miss: evicted
     assert (stats(handle)["hits"], stats(handle)["misses"], stats(handle)["entries"]) == (2, 4, 2)
 
 

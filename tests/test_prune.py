@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 from diffusers.models.embeddings import Timesteps
+from helpers import call, make_fp
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.compress.prune import config_mismatch, make_permanent
 from fastdiff.core.models import UnsupportedModelError
-from fastdiff.zoo.tiny import make_pipeline
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention
-    yield
-    torch.set_num_threads(threads)
-
-
-def wrapped(name: str) -> FastPipeline:
-    fp = FastPipeline(make_pipeline(name, "test"))
-    fp.pipe.set_progress_bar_config(disable=True)
-    return fp
-
-
-def images(fp, **extra):
-    kwargs = {"num_inference_steps": 2, "output_type": "np", "generator": torch.Generator().manual_seed(0)}
-    if type(fp.pipe).__name__.startswith("StableDiffusion"):
-        kwargs["prompt"] = ["a red fox", "a blue car"]
-    else:
-        kwargs["batch_size"] = 2
-    return fp(**{**kwargs, **extra}).images
+images = functools.partial(call, steps=2)  # two seeded steps; the other keywords pass through
 
 
 def digits_like_ddpm() -> FastPipeline:
@@ -51,7 +32,7 @@ def digits_like_ddpm() -> FastPipeline:
 
 
 def test_prune_ddpm_halves_model_runs_everywhere_and_restores(tmp_path):
-    fp = wrapped("tiny-ddpm")  # 32 channels in 32 groups: whole groups go
+    fp = make_fp("tiny-ddpm")  # 32 channels in 32 groups: whole groups go
     before = images(fp)
     original = fp.denoiser.config.block_out_channels
     handle = fp.accelerate("prune(ratio=0.5)")
@@ -97,7 +78,7 @@ def test_prune_keeps_group_counts_removes_whole_heads_and_exact_time_projection(
 
 
 def test_prune_sd_with_taylor_importance_and_cfg():
-    fp = wrapped("tiny-sd")
+    fp = make_fp("tiny-sd")
     before = images(fp)
     handle = fp.accelerate("prune(ratio=0.5,importance=taylor)")
     info = handle.handles[0]
@@ -112,7 +93,7 @@ def test_prune_sd_with_taylor_importance_and_cfg():
 
 
 def test_prune_refuses_transformers_and_bad_options():
-    fp = wrapped("tiny-dit")
+    fp = make_fp("tiny-dit")
     with pytest.raises(UnsupportedModelError, match="DiTTransformer2DModel is a transformer.*UNet2DModel"):
         fp.accelerate("prune(ratio=0.5)")
     assert fp.accelerators == ()
@@ -125,7 +106,7 @@ def test_prune_refuses_transformers_and_bad_options():
 
 
 def test_weight_changers_conflict_before_anything_changes():
-    fp = wrapped("tiny-ddpm")
+    fp = make_fp("tiny-ddpm")
     for specs in ("prune;sparsity", "prune;lowrank", "sparsity;lowrank"):
         with pytest.raises(AcceleratorError, match="conflicts with"):
             fp.accelerate(specs)
@@ -137,7 +118,7 @@ def test_structure_changers_refuse_hooked_blocks():
 
     from fastdiff.core.hooks import install_hook
 
-    fp = wrapped("tiny-ddpm")
+    fp = make_fp("tiny-ddpm")
     hook = install_hook(fp.denoiser.up_blocks[0], ModelHook(), "test.block")
     for spec in ("prune", "lowrank"):
         with pytest.raises(
@@ -150,7 +131,7 @@ def test_structure_changers_refuse_hooked_blocks():
 
 @pytest.mark.parametrize("pattern", ["2:4", "unstructured"])
 def test_sparsity_masks_and_restores(pattern):
-    fp = wrapped("tiny-sd")
+    fp = make_fp("tiny-sd")
     before = images(fp)
     amount = 0.5 if pattern == "2:4" else 0.3
     handle = fp.accelerate(f"sparsity(pattern={pattern},amount={amount})")
@@ -166,7 +147,7 @@ def test_sparsity_masks_and_restores(pattern):
 
 
 def test_make_permanent_keeps_the_zeros():
-    fp = wrapped("tiny-ddpm")
+    fp = make_fp("tiny-ddpm")
     fp.accelerate("sparsity(pattern=2:4)")
     masked = images(fp)
     assert make_permanent(fp.denoiser) > 0

@@ -26,14 +26,6 @@ from fastdiff.zoo.reference import digits_split, reference_unet
 from fastdiff.zoo.tiny import make_pipeline
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pruned_pair():
     teacher = FastPipeline(make_pipeline("tiny-ddpm", "test"))
     student = FastPipeline(make_pipeline("tiny-ddpm", "test"))

@@ -7,44 +7,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import call, make_fp
 from torch._dynamo.utils import counters
 
-from fastdiff import AcceleratorError, FastPipeline
+from fastdiff import AcceleratorError
 from fastdiff.compress.runtime import compile_units, xformers_problem
-from fastdiff.zoo.tiny import make_pipeline
 
 FAMILIES = ["tiny-sd", "tiny-dit", "tiny-ddpm"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared machine: one thread is ~10x faster than two contending ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_fp(name: str) -> FastPipeline:
-    pipe = make_pipeline(name, "test")
-    pipe.set_progress_bar_config(disable=True)
-    return FastPipeline(pipe)
-
-
-def call(fp: FastPipeline, steps: int = 3):
-    name = type(fp.pipe).__name__
-    kwargs = {
-        "num_inference_steps": steps,
-        "output_type": "np",
-        "generator": torch.Generator().manual_seed(0),
-    }
-    if name.startswith("StableDiffusion"):
-        kwargs["prompt"] = ["a red fox", "a blue car"]
-    elif name == "DiTPipeline":
-        kwargs["class_labels"] = [1, 2]
-    else:
-        kwargs["batch_size"] = 2
-    return fp(**kwargs).images
 
 
 def processors(fp):
