@@ -1,6 +1,7 @@
 """int8 quantization (torchao), compile, fuse and attention backends against the plain model, interleaved.
 
-Suites: ``quantize`` (fp32, int8-dynamic, int8-weight, each with and without ``compile``) and ``runtime``
+Suites: ``quantize`` (fp32, int8-dynamic, int8-weight, each with and without ``compile``; int8-static, which
+quantizes convolutions too and compiles itself) and ``runtime``
 (none, compile, fuse, fuse with channels_last, attention backends math and xformers). Per model, one pipeline
 per config (same weights), timed round-robin (each round calls every config once, so load on a shared machine
 hits all alike) after an untimed warm-up that also compiles. Reports denoiser parameters, quantized (Linear)
@@ -41,6 +42,7 @@ SUITES = {
         "compile": "compile",
         "int8-dynamic+compile": "quantize(mode=int8-dynamic);compile",
         "int8-weight+compile": "quantize(mode=int8-weight);compile",
+        "int8-static": "quantize(mode=int8-static)",  # convs + linears, PT2E; compiles itself
     },
     "runtime": {
         "none": "",
@@ -77,6 +79,9 @@ def bench_model(model: str, args) -> dict:
         specs = configs[name]
         fp = load(model)
         linear_params = sum(m.weight.numel() for _, m in quantizable_linears(fp.denoiser))
+        if "int8-static" in specs:  # convolutions are quantized too
+            convs = (torch.nn.Conv2d, torch.nn.Linear)
+            linear_params = sum(m.weight.numel() for m in fp.denoiser.modules() if isinstance(m, convs))
         fp.accelerate(";".join(s for s in (args.scheduler, specs) if s))
         pipes[name] = fp
         rows[name] = {
