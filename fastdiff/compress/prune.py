@@ -1,9 +1,10 @@
-"""Structured channel pruning (torch-pruning) and weight sparsity masks for diffusers UNets.
+"""Structured pruning (torch-pruning) and weight sparsity masks for diffusers UNets and DiTs.
 
 ``prune(ratio=0.5, importance=magnitude|taylor)`` removes whole channels from a ``UNet2DModel`` or
 ``UNet2DConditionModel`` and leaves a smaller dense UNet that runs at every batch size and resolution the
-original did. It is built on torch-pruning's ``DependencyGraph`` traced with the pipeline's own denoiser
-inputs (captured from a one-step call). What it keeps fixed and why:
+original did. DiTs keep their hidden width and lose MLP channels and whole heads (``prune_dit``: also how they
+are saved). For UNets it is built on torch-pruning's ``DependencyGraph`` traced with the pipeline's own
+denoiser inputs (captured from a one-step call). What it keeps fixed and why:
 
 - ``conv_out`` outputs, the time/class/added embeddings (their width is ``time_embedding_dim``, written to the
   config), and the cross-attention inputs (the text encoder's width);
@@ -49,6 +50,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from fastdiff.compress.prune_dit import prune_transformer, transformer_blocks
 from fastdiff.core.hooks import Handle
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
@@ -58,21 +60,21 @@ SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 _FIXED = ("conv_out", "time_embedding", "class_embedding", "add_embedding", "encoder_hid_proj")
 
 
-def check_unet(denoiser, accelerator: str) -> None:
-    """UnsupportedModelError unless the denoiser is a UNet whose channels this module knows how to prune."""
+def check_prunable(denoiser, accelerator: str) -> None:
+    """UnsupportedModelError unless the denoiser is a UNet or a BasicTransformerBlock stack this module prunes."""
     facts = denoiser_facts(denoiser, accelerator)
     name = type(denoiser).__name__
-    if name not in SUPPORTED:
+    if name not in SUPPORTED and not transformer_blocks(denoiser):
         raise UnsupportedModelError(
-            f"{accelerator} prunes UNet channels; {name} is a {facts.family} whose widths "
-            f"(hidden size, heads, MLP) it does not prune; supported: {', '.join(SUPPORTED)}"
+            f"{accelerator} prunes the channels of {', '.join(SUPPORTED)} and the heads and MLP widths of "
+            f"transformers made of BasicTransformerBlocks; {name} is a {facts.family} of neither kind"
         )
 
 
 @register
 @dataclass(frozen=True)
 class Prune(Accelerator):
-    """Structured channel pruning to a smaller dense UNet. Example: ``fp.accelerate("prune(ratio=0.5)")``."""
+    """Structured pruning to a smaller dense UNet or transformer. Example: ``fp.accelerate("prune(ratio=0.5)")``."""
 
     ratio: float = 0.5
     importance: Literal["magnitude", "taylor"] = "magnitude"
@@ -95,10 +97,12 @@ class Prune(Accelerator):
         from fastdiff.compress.recover import capture_inputs
 
         den = fp.denoiser
-        check_unet(den, "prune")
+        check_prunable(den, "prune")
         if den._parameters or den._buffers:
             raise UnsupportedModelError(f"prune: {type(den).__name__} holds tensors outside its submodules")
         refuse_hooked_blocks(den, "prune")
+        if type(den).__name__ not in SUPPORTED:  # transformers: heads and MLP widths (prune_dit)
+            return prune_transformer(fp, self)
         inputs = capture_inputs(fp, batch=2)
         params_before, macs_before = count_params_macs(den, inputs)
         originals, config = dict(den.named_children()), den._internal_dict

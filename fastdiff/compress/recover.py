@@ -10,9 +10,11 @@ an atomic checkpoint (``recover-checkpoint.pt``) every ``save_every`` steps and 
 
 ``compress_model(model_dir, out_dir, specs, recover_steps)`` loads the pipeline, applies the weight-changing
 accelerators, recovers and saves a diffusers directory: pruned UNets are saved with their new config (they load
-anywhere); sparsity masks are folded into the weights; low-rank splits are saved as their dense products (a
-standard model, same outputs) plus ``lowrank_ranks.json``, and ``load_compressed(out_dir)`` re-splits them
-(SVD at the saved ranks reproduces the factors' product). ``fastdiff_compress.json`` records what was done;
+anywhere); pruned DiTs, whose per-block heads and MLP widths no config expresses, also get
+``prune_structure.json`` and load with ``load_compressed`` (``fastdiff.compress.prune_dit``); sparsity masks
+are folded into the weights; low-rank splits are saved as their dense products (a standard model, same
+outputs) plus ``lowrank_ranks.json``, and ``load_compressed(out_dir)`` re-splits them (SVD at the saved ranks
+reproduces the factors' product). ``fastdiff_compress.json`` records what was done;
 a digits reference's ``eval/`` folder (classifier, split) is copied so that ``fastdiff bench`` scores the result.
 
 Example::
@@ -293,6 +295,7 @@ def compress_model(
     """
     from fastdiff.compress.lowrank import factored_ranks, merge_factors
     from fastdiff.compress.prune import config_mismatch, make_permanent
+    from fastdiff.compress.prune_dit import transformer_blocks, write_structure
     from fastdiff.core.pipeline import FastPipeline
     from fastdiff.core.registry import AcceleratorError
     from fastdiff.core.spec import parse
@@ -314,7 +317,8 @@ def compress_model(
         str(c): {k: v for k, v in h.info.items() if k != "ranks"} for c, h in zip(configs, group.handles)
     }
     den = student.denoiser
-    if any(c.spec_name == "prune" for c in configs) and (problem := config_mismatch(den)):
+    pruned_unet = any(c.spec_name == "prune" for c in configs) and not transformer_blocks(den)
+    if pruned_unet and (problem := config_mismatch(den)):
         raise AcceleratorError(f"{specs}: diffusers cannot rebuild the pruned UNet from its config ({problem}); "
                                "try ratio=0.5")  # fmt: skip
     if isinstance(data, str) and data == "auto":
@@ -329,12 +333,14 @@ def compress_model(
         load_specs = f"lowrank(ranks_file={RANKS})"
         merge_factors(den)
     student.pipe.save_pretrained(out, safe_serialization=True)
+    structure = write_structure(student, out)  # a pruned DiT's per-block widths (else removes a stale file)
     if (
         Path(model_dir) / "eval"
     ).is_dir():  # the digits reference's classifier and split: bench evaluates here too
         shutil.copytree(Path(model_dir) / "eval", out / "eval", dirs_exist_ok=True)
     report = {"source": str(model_dir), "specs": ";".join(map(str, configs)), "load_accelerators": load_specs,
-              "applied": applied, "recover": result, "data": "training split" if data is not None else "random"}  # fmt: skip
+              "load_structure": structure or "", "applied": applied, "recover": result,
+              "data": "training split" if data is not None else "random"}  # fmt: skip
     (out / MANIFEST).write_text(json.dumps(report, indent=2, default=str))
     (out / CHECKPOINT).unlink(missing_ok=True)
     return report
@@ -353,7 +359,9 @@ def saved_accelerators(out_dir) -> str:
 
 
 def load_compressed(out_dir, **kwargs):
-    """FastPipeline of a ``compress_model`` output with its saved factorization re-applied (if any)."""
+    """FastPipeline of a ``compress_model`` output with its saved factorization or pruned structure (if any)."""
+    from fastdiff.compress.prune_dit import structured_components
     from fastdiff.core.pipeline import FastPipeline
 
+    kwargs = {**structured_components(out_dir, kwargs.get("torch_dtype")), **kwargs}
     return FastPipeline.from_pretrained(out_dir, accelerators=saved_accelerators(out_dir) or None, **kwargs)
