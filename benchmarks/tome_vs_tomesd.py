@@ -88,6 +88,7 @@ def main(argv=None) -> dict:
             "seconds": wall[name],
             "speedup": median["none"] / median[name],
             "cpu_seconds_median": median_cpu[name],
+            "cpu_seconds": cpu[name],
             "cpu_speedup": median_cpu["none"] / median_cpu[name],
             "psnr": None if name == "none" else psnr(images[name], images["none"]),
         }
