@@ -220,7 +220,9 @@ def recover(
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start, losses = state["step"], state["losses"]
-    net.train()
+    # Eval mode while training: the teacher runs in eval mode, and train-mode extras (DiT's LabelEmbedding drops
+    # labels with the global RNG) would give the student other inputs than the teacher and break exact resume.
+    net.eval()
     started = time.perf_counter()
     end = steps if stop_after is None else min(steps, start + stop_after)
     bar = tqdm(
