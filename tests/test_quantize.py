@@ -5,44 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import call, make_fp
+from helpers import psnr as _psnr
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.compress.quantize import load_quantized, quantizable_linears, save_quantized
 from fastdiff.core.models import UnsupportedModelError
-from fastdiff.zoo.tiny import make_pipeline
 
 pytest.importorskip("torchao")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared machine: one thread is ~10x faster than two contending ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_fp(name: str) -> FastPipeline:
-    pipe = make_pipeline(name, "test")
-    pipe.set_progress_bar_config(disable=True)
-    return FastPipeline(pipe)
-
-
-def call(fp: FastPipeline):
-    name = type(fp.pipe).__name__
-    kwargs = {"num_inference_steps": 3, "output_type": "np", "generator": torch.Generator().manual_seed(0)}
-    if name.startswith("StableDiffusion"):
-        kwargs["prompt"] = ["a red fox", "a blue car"]
-    elif name == "DiTPipeline":
-        kwargs["class_labels"] = [1, 2]
-    else:
-        kwargs["batch_size"] = 2
-    return fp(**kwargs).images
-
-
 def psnr(a, b) -> float:
-    return float(10 * np.log10(1.0 / np.mean((a.astype(np.float64) - b) ** 2)))
+    return _psnr(a, b, float64=True)
 
 
 @pytest.mark.parametrize("mode", ["int8-dynamic", "int8-weight"])

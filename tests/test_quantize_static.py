@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -11,33 +12,21 @@ import torch
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.compress.quantize_static import HOOK_NAME, batch_range
 from fastdiff.core.hooks import has_hook
-from fastdiff.zoo.tiny import make_pipeline
 
 pytest.importorskip("torchao")
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 only")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_fp() -> FastPipeline:
-    pipe = make_pipeline("tiny-ddpm", "test")
-    pipe.set_progress_bar_config(disable=True)
-    return FastPipeline(pipe)
+    return helpers.make_fp("tiny-ddpm")
 
 
 def call(fp: FastPipeline, batch: int = 2):
-    generator = torch.Generator().manual_seed(0)
-    return fp(batch_size=batch, num_inference_steps=3, output_type="np", generator=generator).images
+    return helpers.call(fp, batch_size=batch)
 
 
 def psnr(a, b) -> float:
-    return float(10 * np.log10(1.0 / np.mean((a.astype(np.float64) - b) ** 2)))
+    return helpers.psnr(a, b, float64=True)
 
 
 SPEC = "quantize(mode=int8-static,calibration_batch=2,calibration_steps=3)"

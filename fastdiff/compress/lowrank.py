@@ -63,6 +63,13 @@ def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
     return params, counter.get_total_flops() // 2
 
 
+def sized_handle(restore, module: nn.Module, inputs: dict, before: tuple[int, int], **info) -> Handle:
+    """A Handle that reports ``params_before/after`` and ``macs_before/after`` (``before``: counted earlier)."""
+    params, macs = count_params_macs(module, inputs)
+    return Handle(restore, params_before=before[0], params_after=params, macs_before=before[1], macs_after=macs,
+                  **info)  # fmt: skip
+
+
 def layer_kind(m: nn.Module) -> str | None:
     """ "linear", "conv1x1", "conv3x3" (any k x k, k > 1) or None for layers this module cannot split."""
     if isinstance(m, nn.Linear):
@@ -145,7 +152,7 @@ class LowRank(Accelerator):
         denoiser_facts(den, "lowrank")
         refuse_hooked_blocks(den, "lowrank")
         inputs = capture_inputs(fp, batch=2)
-        params_before, macs_before = count_params_macs(den, inputs)
+        before = count_params_macs(den, inputs)
         plan = self._plan(den)
         swapped, ranks = [], {}
         for name, (m, r, svd) in plan.items():
@@ -159,16 +166,7 @@ class LowRank(Accelerator):
             for parent, child, original in reversed(swapped):
                 setattr(parent, child, original)
 
-        params_after, macs_after = count_params_macs(den, inputs)
-        return Handle(
-            restore,
-            params_before=params_before,
-            params_after=params_after,
-            macs_before=macs_before,
-            macs_after=macs_after,
-            ranks=ranks,
-            layers=len(ranks),
-        )
+        return sized_handle(restore, den, inputs, before, ranks=ranks, layers=len(ranks))
 
     def _plan(self, den) -> dict:
         """{layer name: (module, rank, svd or None)} of the layers to split."""

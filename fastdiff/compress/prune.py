@@ -93,7 +93,7 @@ class Prune(Accelerator):
             )
 
     def apply(self, fp) -> Handle:
-        from fastdiff.compress.lowrank import count_params_macs
+        from fastdiff.compress.lowrank import count_params_macs, sized_handle
         from fastdiff.compress.recover import capture_inputs
 
         den = fp.denoiser
@@ -104,7 +104,7 @@ class Prune(Accelerator):
         if type(den).__name__ not in SUPPORTED:  # transformers: heads and MLP widths (prune_dit)
             return prune_transformer(fp, self)
         inputs = capture_inputs(fp, batch=2)
-        params_before, macs_before = count_params_macs(den, inputs)
+        before = count_params_macs(den, inputs)
         originals, config = dict(den.named_children()), den._internal_dict
 
         def restore():
@@ -130,13 +130,11 @@ class Prune(Accelerator):
             warnings.warn(
                 f"prune: the pruned UNet differs from what its config rebuilds ({problem})", stacklevel=3
             )
-        params_after, macs_after = count_params_macs(den, inputs)
-        return Handle(
+        return sized_handle(
             restore,
-            params_before=params_before,
-            params_after=params_after,
-            macs_before=macs_before,
-            macs_after=macs_after,
+            den,
+            inputs,
+            before,
             block_out_channels=tuple(new_config["block_out_channels"]),
             config_exact=problem is None,
         )

@@ -173,13 +173,13 @@ def _prune_blocks(den, ratio: float, importance: str) -> None:
 
 def prune_transformer(fp, cfg) -> Handle:
     """``Prune.apply`` for transformer denoisers (see the module docstring)."""
-    from fastdiff.compress.lowrank import count_params_macs
+    from fastdiff.compress.lowrank import count_params_macs, sized_handle
     from fastdiff.compress.prune import _taylor_gradients
     from fastdiff.compress.recover import capture_inputs
 
     den = fp.denoiser
     inputs = capture_inputs(fp, batch=2)
-    params_before, macs_before = count_params_macs(den, inputs)
+    before = count_params_macs(den, inputs)
     originals = dict(den.named_children())
 
     def restore():
@@ -200,14 +200,12 @@ def prune_transformer(fp, cfg) -> Handle:
         raise
     den.zero_grad(set_to_none=True)
     den.requires_grad_(trainable)  # torch-pruning's new Parameters require grad; keep the model's setting
-    params_after, macs_after = count_params_macs(den, inputs)
     kept = structure(den)
-    return Handle(
+    return sized_handle(
         restore,
-        params_before=params_before,
-        params_after=params_after,
-        macs_before=macs_before,
-        macs_after=macs_after,
+        den,
+        inputs,
+        before,
         heads=tuple(entry.get("attn1") for entry in kept.values()),
         ff_widths=tuple(entry.get("ff") for entry in kept.values()),
         config_exact=False,
