@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	touch $(BIN)/fastdiff
 
 venv: $(BIN)/fastdiff
