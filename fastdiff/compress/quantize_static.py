@@ -23,6 +23,7 @@ denoiser or on whole blocks (``deepcache``, ``forecast``, ``cfg-interval``) comp
 
 from __future__ import annotations
 
+import functools
 import inspect
 import platform
 
@@ -64,9 +65,14 @@ def batch_range(batch: int) -> tuple[int, int]:
     )
 
 
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)  # cached: read at every block call of the denoising loop
+
+
 def _positional(module: torch.nn.Module, args, kwargs) -> tuple:
     """The call's arguments in the class forward's order, defaults filled in (one structure for every call)."""
-    signature = inspect.signature(type(module).forward)
+    signature = _signature(type(module))
     bound = signature.bind(module, *args, **kwargs)
     out = []
     for name, param in list(signature.parameters.items())[1:]:
@@ -190,12 +196,16 @@ class _StaticHook(ModelHook):
     def __init__(self, unit: _Unit, name: str):
         super().__init__()
         self.unit, self.name = unit, name
+        self.inner: list[tuple[str, torch.nn.Module]] | None = None
 
     def new_forward(self, module, *args, **kwargs):
-        inner = [
-            n for n, m in module.named_modules() if n and getattr(m, "_diffusers_hook", None) is not None
+        if self.inner is None:  # the block's submodules, listed once (their hook registries can appear later)
+            self.inner = [(n, m) for n, m in module.named_modules() if n]
+        hooked = [
+            n
+            for n, m in self.inner
+            if getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.hooks
         ]
-        hooked = [n for n in inner if module.get_submodule(n)._diffusers_hook.hooks]
         if hooked:
             raise AcceleratorError(
                 f"quantize(mode=int8-static) runs {self.name} as an exported int8 graph, which would bypass the "
