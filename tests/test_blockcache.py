@@ -97,6 +97,7 @@ def test_interval_reuse_is_exact_for_identical_inputs():
     counter = Counter(last_leaf(fp))
     latents = torch.randn(2, model.config.in_channels, model.config.sample_size, model.config.sample_size)
     ctx.begin_call(cfg=False, cfg_layout=())
+    ctx.active = True  # driving the model by hand, as fp(...) would
     outputs = []
     for step in (0, 1):
         ctx.step = step

@@ -100,6 +100,7 @@ def test_unet2d_residual_attention_equals_merge_after_norm():
     fp.accelerate("tome(ratio=0.5,max_downsample=2)")
     x = torch.randn(2, attn.group_norm.num_channels, 8, 8)
     fp.context.call_index += 1
+    fp.context.active = True  # driving the layer by hand, as fp(...) would
     with torch.no_grad():
         out = attn(x)
         # Expected: tokens + unmerge(attention without residual of merge(group_norm(tokens))).

@@ -194,7 +194,7 @@ class BlockCache(Accelerator):
         handles = []
         try:
             for module, hook in targets + [(model, _Controller(state))]:
-                handles.append(install_hook(module, hook, "fastdiff.blockcache"))
+                handles.append(install_hook(module, hook, "fastdiff.blockcache", fp.context))
         except BaseException:
             for handle in reversed(handles):
                 handle.remove()

@@ -76,6 +76,9 @@ class _Plan:
     skipped: list[tuple[str, torch.nn.Module]]  # modules that return a placeholder on cached steps
     source: tuple[str, torch.nn.Module]  # module whose output is the cached deep feature
     num_branches: int
+    branch: int = 0  # skips 0..branch stay live on cached steps (ControlNet residuals are added to them)
+    mid_skipped: bool = True  # the mid block returns a placeholder (its ControlNet residual is dropped)
+    adapter_live: tuple[bool, ...] = ()  # per down block: its T2I-Adapter residual lands on a live feature
 
 
 def plan(unet, branch: int) -> _Plan:
@@ -143,7 +146,41 @@ def plan(unet, branch: int) -> _Plan:
         raise UnsupportedModelError(
             f"deepcache: {type(unet).__name__} has no mid block to cache at branch {branch}"
         )
-    return _Plan(skipped, source, num_branches)
+    names = {n for n, _ in skipped}
+    adapter_live = tuple(
+        f"down_blocks.{d}" not in names and _adapter_target(d, block) not in names
+        for d, block in enumerate(down)
+    )
+    return _Plan(skipped, source, num_branches, branch, "mid_block" in names, adapter_live)
+
+
+def _adapter_target(d: int, block) -> str:
+    # UNet2DConditionModel adds block d's adapter residual to its last layer's output (cross-attention
+    # blocks) or to the block's output (the others).
+    last = len(block.resnets) - 1
+    if getattr(block, "has_cross_attention", False):
+        kind = "attentions" if len(getattr(block, "attentions", None) or []) > last else "resnets"
+        return f"down_blocks.{d}.{kind}.{last}"
+    if getattr(block, "downsamplers", None):
+        return f"down_blocks.{d}.downsamplers.{len(block.downsamplers) - 1}"
+    return f"down_blocks.{d}.resnets.{last}"
+
+
+def trim_residuals(layout: _Plan, kwargs: dict) -> dict:
+    """On a cached step, ControlNet/T2I-Adapter residuals of skipped features become empty (nothing to add to)."""
+    res = kwargs.get("down_block_additional_residuals")
+    if res is not None:
+        kwargs["down_block_additional_residuals"] = tuple(
+            r if k <= layout.branch else r[:, :0] for k, r in enumerate(res)
+        )
+    mid = kwargs.get("mid_block_additional_residual")
+    if mid is not None and layout.mid_skipped:
+        kwargs["mid_block_additional_residual"] = mid[:, :0]
+    intra = kwargs.get("down_intrablock_additional_residuals")
+    if intra is not None:
+        live = layout.adapter_live + (False,) * max(0, len(intra) - len(layout.adapter_live))
+        kwargs["down_intrablock_additional_residuals"] = [r if ok else r[:, :0] for r, ok in zip(intra, live)]
+    return kwargs
 
 
 class BranchCache:
@@ -157,8 +194,14 @@ class BranchCache:
         self.whole = (branches, step, tensor)
         self.parts.update((b, (step, t)) for b, t in zip(branches, tensor.chunk(len(branches))))
 
-    def has(self, branches: tuple[str, ...], since: int = 0) -> bool:
-        return all(b in self.parts and self.parts[b][0] >= since for b in branches)
+    def has(self, branches: tuple[str, ...], since: int = 0, chunk: int | None = None) -> bool:
+        """Every branch stored at or after step ``since`` (with ``chunk`` images each, if given)."""
+        return all(
+            b in self.parts
+            and self.parts[b][0] >= since
+            and (chunk is None or self.parts[b][1].shape[0] == chunk)
+            for b in branches
+        )
 
     def get(self, branches: tuple[str, ...]) -> torch.Tensor:
         if self.whole is not None and self.whole[0] == branches:
@@ -167,8 +210,8 @@ class BranchCache:
 
 
 class _State:
-    def __init__(self, config: DeepCache):
-        self.config, self.call, self.reuse = config, None, False
+    def __init__(self, config: DeepCache, layout: _Plan):
+        self.config, self.layout, self.call, self.reuse = config, layout, None, False
         self.steps: frozenset[int] = frozenset()
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
@@ -209,7 +252,10 @@ class _Controller(ModelHook):
         sample = args[0] if args else kwargs["sample"]
         st.batch, st.branches = sample.shape[0], ctx.branches
         last_full = max((s for s in st.steps if s <= ctx.step), default=0)
-        st.reuse = ctx.step not in st.steps and st.cache.has(ctx.branches, since=last_full)
+        chunk = st.batch // len(st.branches)
+        st.reuse = ctx.step not in st.steps and st.cache.has(st.branches, since=last_full, chunk=chunk)
+        if st.reuse:
+            kwargs = trim_residuals(st.layout, kwargs)
         return args, kwargs
 
 
@@ -285,13 +331,17 @@ class DeepCache(Accelerator):
                 "(use blockcache for transformers)"
             )
         layout = plan(unet, self.branch)
-        state = _State(self)
+        state = _State(self, layout)
         handles = []
         try:
             for key, module in layout.skipped:
-                handles.append(install_hook(module, _Skip(state, key), "fastdiff.deepcache"))
-            handles.append(install_hook(layout.source[1], _Source(fp.context, state), "fastdiff.deepcache"))
-            handles.append(install_hook(unet, _Controller(fp.context, state), "fastdiff.deepcache"))
+                handles.append(install_hook(module, _Skip(state, key), "fastdiff.deepcache", fp.context))
+            handles.append(
+                install_hook(layout.source[1], _Source(fp.context, state), "fastdiff.deepcache", fp.context)
+            )
+            handles.append(
+                install_hook(unet, _Controller(fp.context, state), "fastdiff.deepcache", fp.context)
+            )
         except BaseException:
             for handle in reversed(handles):
                 handle.remove()

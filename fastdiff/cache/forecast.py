@@ -34,7 +34,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.guidance.interval import batch_size_of, map_tensors
+from fastdiff.core.tensors import batch_size_of, map_tensors
 
 HOOK_NAME = "fastdiff.forecast"
 # Largest noise gain (sum of |Lagrange weights|) of a fit: 3 is a line extrapolated one point-spacing ahead.
@@ -168,4 +168,4 @@ class Forecast(Accelerator):
     def apply(self, fp) -> Handle:
         pipeline_facts(fp.pipe)  # UnsupportedModelError for a pipeline without facts
         hook = ForecastHook(fp.context, self.order, self.interval, self.warmup)
-        return install_hook(fp.denoiser, hook, HOOK_NAME)
+        return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)

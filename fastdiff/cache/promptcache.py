@@ -5,9 +5,12 @@ Every text encoder the pipeline has (``TEXT_ENCODER_ATTRS`` in ``fastdiff/core/m
 call up by everything that changes the embedding: the contents of every tensor argument (``input_ids``,
 ``attention_mask``, ...), every other argument (``output_hidden_states``, ``return_dict``, ...) and a
 fingerprint of the encoder's weights (replacing a weight, ``load_state_dict`` or an in-place ``copy_`` makes
-old entries unreachable). A hit returns a clone of the stored output, so callers cannot change the cache;
-negative prompts are cached like any other text. Calls with autograd enabled or an encoder in training mode
-bypass the cache (counted as misses).
+old entries unreachable) and peft's adapter state (LoRA scales from ``cross_attention_kwargs={"scale": s}``,
+``set_adapters`` weights, active, fused and disabled adapters). A hit returns a clone of the stored output, so
+callers cannot change the cache; negative prompts are cached like any other text. Hooks inside the encoder
+(torch forward hooks, other tools' hooks or ``forward``) are part of the key by identity. Calls with autograd
+enabled or an encoder in training mode bypass the cache (counted as misses). ``clip_skip`` asks the encoder
+for its hidden states, a different argument, so it has entries of its own.
 
 Example::
 
@@ -72,6 +75,37 @@ def _weights_fingerprint(module: torch.nn.Module) -> tuple:
     return tuple((t.data_ptr(), t._version, str(t.dtype)) for t in (*module.parameters(), *module.buffers()))
 
 
+def _module_state(module: torch.nn.Module) -> tuple:
+    """What changes the output besides weights and arguments: peft adapter state and hooks inside the encoder.
+
+    peft: scales, active, merged and disabled adapters of every tuner layer. Hooks: the identity of every torch
+    forward (pre-)hook, other tool's diffusers hook and replaced ``forward`` on a submodule (and torch's global
+    hooks), so adding or removing one makes old entries unreachable. A hook whose effect changes while it stays
+    installed cannot be seen; remove promptcache around such a hook.
+    """
+    from torch.nn.modules import module as torch_module
+
+    state: list = [tuple(map(id, torch_module._global_forward_hooks.values()))]
+    state.append(tuple(map(id, torch_module._global_forward_pre_hooks.values())))
+    for name, m in module.named_modules():
+        scaling = getattr(m, "scaling", None)
+        if isinstance(scaling, dict):  # a peft tuner layer (LoRA and friends)
+            active = tuple(getattr(m, "active_adapters", ()))
+            merged = tuple(getattr(m, "merged_adapters", ()))
+            state.append((name, tuple(sorted(scaling.items())), active, merged, bool(m.disable_adapters)))
+        if m is module:  # hooks on the encoder itself run on hits too (outside the cached forward)
+            continue
+        hooks = tuple(map(id, m._forward_pre_hooks.values())) + tuple(map(id, m._forward_hooks.values()))
+        registry = getattr(m, "_diffusers_hook", None)
+        if registry is not None:
+            hooks += tuple(id(h) for n, h in registry.hooks.items() if not n.startswith(HOOK_NAME))
+        elif "forward" in m.__dict__:
+            hooks += (id(m.__dict__["forward"]),)
+        if hooks:
+            state.append((name, hooks))
+    return tuple(state)
+
+
 class _LRU:
     """Stored outputs of one encoder, least recently used first."""
 
@@ -106,7 +140,7 @@ class PromptCacheHook(ModelHook):
             self.lru.misses += 1
             return self.fn_ref.original_forward(*args, **kwargs)
         try:
-            key = (_weights_fingerprint(module), _key_of(args), _key_of(kwargs))
+            key = (_weights_fingerprint(module), _module_state(module), _key_of(args), _key_of(kwargs))
         except _Uncacheable:
             self.lru.misses += 1
             return self.fn_ref.original_forward(*args, **kwargs)
@@ -153,7 +187,7 @@ class PromptCache(Accelerator):
         handles = []
         try:
             for attr, module in encoders.items():
-                handles.append(install_hook(module, PromptCacheHook(lrus[attr]), HOOK_NAME))
+                handles.append(install_hook(module, PromptCacheHook(lrus[attr]), HOOK_NAME, fp.context))
         except BaseException:
             for h in reversed(handles):
                 h.remove()

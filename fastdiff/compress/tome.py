@@ -318,7 +318,7 @@ class ToMe(Accelerator):
             for name, module, level in units:
                 handles += self._hook_unit(name, module, level, state)
             if any(type(m).__name__ != "Attention" for _, m, _ in units):
-                handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size"))
+                handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size", state.context))
         except BaseException:
             HandleGroup(handles).remove()
             raise
@@ -335,18 +335,20 @@ class ToMe(Accelerator):
                     f"tome: {name} has a spatial norm, which token merging does not support"
                 )
             hook = _ResidualAttentionHook(state)
-            handles = [install_hook(module, hook, "fastdiff.tome")]
+            handles = [install_hook(module, hook, "fastdiff.tome", state.context)]
             if module.group_norm is not None:
-                handles.append(install_hook(module.group_norm, _SkipNormHook(hook), "fastdiff.tome.norm"))
+                handles.append(
+                    install_hook(module.group_norm, _SkipNormHook(hook), "fastdiff.tome.norm", state.context)
+                )
             return handles
         if self.merge_mlp and getattr(module, "_chunk_size", None) is not None:
             raise AcceleratorError(f"tome: merge_mlp cannot merge the chunked feed-forward of {name}")
         slot = _Slot()
-        handles = [install_hook(module, _BlockHook(state, level, slot), "fastdiff.tome")]
+        handles = [install_hook(module, _BlockHook(state, level, slot), "fastdiff.tome", state.context)]
         targets = [module.attn1]
         if self.merge_cross and module.attn2 is not None:
             targets.append(module.attn2)
         if self.merge_mlp:
             targets.append(module.ff)
-        handles += [install_hook(t, _MergeHook(slot), "fastdiff.tome") for t in targets]
+        handles += [install_hook(t, _MergeHook(slot), "fastdiff.tome", state.context) for t in targets]
         return handles

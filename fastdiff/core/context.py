@@ -3,6 +3,12 @@
 Hooks read ``fp.context`` and never search ``scheduler.timesteps`` themselves. Stateful hooks compare
 ``context.call_index`` with the call they last saw to clear their state at the start of every call.
 
+Everything per step is derived at each denoiser call from what actually arrives: the branch layout from the
+batch size (a callback that turns guidance off mid-call halves the batch, and the branches become
+``("cond",)``), the step from the scheduler steps taken in this call, and the number of steps from the steps
+the pipeline actually runs (``pipe._num_timesteps``: fewer than ``len(scheduler.timesteps)`` with img2img
+``strength``). ``active`` is true only inside ``fp(...)``; gated hooks are inert outside it.
+
 Example::
 
     fp = FastPipeline(pipe)
@@ -12,10 +18,15 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 from diffusers.hooks import ModelHook
+
+from fastdiff.core.tensors import batch_size_of
+
+_OWNERS = itertools.count()
 
 
 @dataclass
@@ -24,25 +35,37 @@ class StepContext:
 
     call_index: int = 0  # increases by one at the start of every pipeline call
     step: int = 0  # scheduler steps completed in this call = index of the step being computed
-    num_steps: int = 0  # len(scheduler.timesteps) of this call
+    num_steps: int = 0  # steps this call runs (img2img strength runs fewer than the schedule holds)
     timestep: float | None = None  # timestep passed to the current denoiser call
-    cfg: bool = False  # the pipeline batches guidance branches in this call
+    cfg: bool = False  # the call started with guidance branches batched
     cfg_layout: tuple[str, ...] = ("uncond", "cond")  # branch order of a CFG batch (model fact)
     branches: tuple[str, ...] = ("cond",)  # branch of each equal chunk of the current denoiser batch
+    branch_batch: int = 0  # images per branch, from the first denoiser call of this call
+    denoiser_calls: int = 0  # denoiser calls seen in this call (skipped ones included)
     nfe: int = 0  # denoiser forward evaluations in this call
     total_nfe: int = 0  # over the wrapper's lifetime
+    active: bool = False  # inside a call of the owning FastPipeline
+    owner: int = field(default_factory=lambda: next(_OWNERS))  # makes hook names unique per wrapper
     extras: dict = field(default_factory=dict)
 
     @property
     def progress(self) -> float:
         """Fraction of the trajectory done before the current step, in [0, 1)."""
-        return self.step / self.num_steps if self.num_steps else 0.0
+        return min(self.step / self.num_steps, 1.0) if self.num_steps else 0.0
 
     def begin_call(self, cfg: bool, cfg_layout: tuple[str, ...]) -> None:
         self.call_index += 1
         self.step, self.num_steps, self.nfe, self.timestep = 0, 0, 0, None
+        self.denoiser_calls, self.branch_batch = 0, 0
         self.cfg, self.cfg_layout = cfg, cfg_layout
         self.branches = cfg_layout if cfg else ("cond",)
+
+    def branches_for(self, batch: int | None) -> tuple[str, ...]:
+        """Branch layout of a denoiser batch: the guidance layout when it holds every branch, else ``cond``."""
+        layout = self.cfg_layout
+        if batch is None or not layout or not self.branch_batch:
+            return self.branches
+        return layout if batch == self.branch_batch * len(layout) else ("cond",)
 
     def split(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split a batch-first tensor of the current denoiser call into its branches."""
@@ -55,10 +78,10 @@ class ContextHook(ModelHook):
 
     outermost = True
 
-    def __init__(self, context: StepContext, scheduler_of):
+    def __init__(self, context: StepContext, pipe_of):
         super().__init__()
         self.context = context
-        self.scheduler_of = scheduler_of  # callable returning the pipeline's current scheduler
+        self.pipe_of = pipe_of  # callable returning the wrapped diffusers pipeline
 
     def pre_forward(self, module, *args, **kwargs):
         ctx = self.context
@@ -66,10 +89,18 @@ class ContextHook(ModelHook):
         if isinstance(timestep, torch.Tensor):
             timestep = timestep.flatten()[0].item() if timestep.numel() else None
         ctx.timestep = None if timestep is None else float(timestep)
-        if ctx.nfe == 0 or not ctx.num_steps:
-            timesteps = getattr(self.scheduler_of(), "timesteps", None)
-            ctx.num_steps = 0 if timesteps is None else len(timesteps)
-        ctx.branches = ctx.cfg_layout if ctx.cfg else ("cond",)
+        batch = batch_size_of(args, kwargs)
+        if ctx.denoiser_calls == 0:
+            pipe = self.pipe_of()
+            steps = pipe.__dict__.get("_num_timesteps")
+            if not isinstance(steps, int) or steps <= 0:
+                timesteps = getattr(pipe.scheduler, "timesteps", None)
+                steps = 0 if timesteps is None else len(timesteps)
+            ctx.num_steps = steps
+            if batch is not None:
+                ctx.branch_batch = batch // len(ctx.cfg_layout) if ctx.cfg else batch
+        ctx.denoiser_calls += 1
+        ctx.branches = ctx.branches_for(batch)
         return args, kwargs
 
 

@@ -4,6 +4,14 @@
 sets ``outermost = True`` (the step-context publisher) are kept outside every other hook on the module, so the
 context they publish is current before any accelerator's ``pre_forward`` runs.
 
+Given a ``StepContext``, a hook is *gated*: it acts only while that context's FastPipeline is inside a call
+(``fp(...)``); any other call of the module (the diffusers pipeline called directly, a sibling pipeline sharing
+the module) runs it exactly as if it were unhooked. Its name is made unique to the context, so pipelines that
+share a module each keep their own hooks.
+
+When the last hook of a module is removed, the module is left as it was before the first one: no hook registry
+and no instance ``forward`` (unless it had them before).
+
 Example::
 
     import torch
@@ -16,7 +24,7 @@ Example::
 
     lin = torch.nn.Linear(2, 2)
     handle = install_hook(lin, Double(), "double")
-    handle.remove()  # lin behaves exactly as before
+    handle.remove()  # lin behaves exactly as before, and its __dict__ is as before
 """
 
 from __future__ import annotations
@@ -62,22 +70,78 @@ class HandleGroup(Handle):
         super().__init__(undo)
 
 
-def install_hook(module: torch.nn.Module, hook: ModelHook, name: str) -> Handle:
-    """Register ``hook`` on ``module`` as ``name``; refuse a name already taken."""
+class GatedHook(ModelHook):
+    """Runs ``hook`` only while ``context.active``; otherwise calls the wrapped forward untouched."""
+
+    def __init__(self, hook: ModelHook, context):
+        self.__dict__.update(hook=hook, context=context, _fn_ref=None)
+        super().__init__()
+        self._is_stateful = hook._is_stateful
+        self._new = getattr(hook, "new_forward", None)
+
+    @property
+    def fn_ref(self):
+        return self._fn_ref
+
+    @fn_ref.setter
+    def fn_ref(self, value) -> None:  # the wrapped hook calls self.fn_ref.original_forward itself
+        self._fn_ref = value
+        self.hook.fn_ref = value
+
+    @property
+    def outermost(self) -> bool:
+        return getattr(self.hook, "outermost", False)
+
+    def initialize_hook(self, module):
+        return self.hook.initialize_hook(module)
+
+    def deinitalize_hook(self, module):
+        return self.hook.deinitalize_hook(module)
+
+    def reset_state(self, module):
+        return self.hook.reset_state(module)
+
+    def new_forward(self, module, *args, **kwargs):
+        if not self.context.active:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        args, kwargs = self.hook.pre_forward(module, *args, **kwargs)
+        if self._new is not None:
+            output = self._new(module, *args, **kwargs)
+        else:
+            output = self.fn_ref.original_forward(*args, **kwargs)
+        return self.hook.post_forward(module, output)
+
+
+def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=None) -> Handle:
+    """Register ``hook`` on ``module`` as ``name`` (gated by ``context`` if given); refuse a name already taken."""
+    if context is not None:
+        hook, name = GatedHook(hook, context), f"{name}@{context.owner}"
+    fresh = getattr(module, "_diffusers_hook", None) is None
+    had_forward = "forward" in module.__dict__
     registry = HookRegistry.check_if_exists_or_initialize(module)
+    if fresh:
+        registry._fastdiff_created = (True, had_forward)  # what to undo when the last hook goes
     if registry.get_hook(name) is not None:
-        raise RuntimeError(f"a hook named {name!r} is already installed on {type(module).__name__}")
+        raise RuntimeError(
+            f"{name.split('@')[0]} is already installed on this {type(module).__name__} by the same "
+            "FastPipeline; remove it first"
+        )
     registry.register_hook(hook, name)
     _keep_outermost_last(registry)
     return Handle(lambda: _remove(module, name))
 
 
-def has_hook(module: torch.nn.Module, name: str) -> bool:
+def base_names(module: torch.nn.Module) -> list[str]:
+    """Names of the hooks on ``module`` without their per-pipeline suffix."""
     registry = getattr(module, "_diffusers_hook", None)
-    return registry is not None and registry.get_hook(name) is not None
+    return [] if registry is None else [n.split("@")[0] for n in registry._hook_order]
 
 
-def _remove(module: torch.nn.Module, name: str) -> None:
+def has_hook(module: torch.nn.Module, name: str) -> bool:
+    return name in base_names(module)
+
+
+def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
     registry = getattr(module, "_diffusers_hook", None)
     if registry is None or registry.get_hook(name) is None:
         return
@@ -89,6 +153,11 @@ def _remove(module: torch.nn.Module, name: str) -> None:
     registry.remove_hook(name, recurse=False)
     for n, hook in peeled:
         registry.register_hook(hook, n)
+    created, had_forward = getattr(registry, "_fastdiff_created", (False, True))
+    if tidy and created and not registry.hooks:
+        del module._diffusers_hook
+        if not had_forward:
+            module.__dict__.pop("forward", None)
 
 
 def _keep_outermost_last(registry: HookRegistry) -> None:
@@ -97,6 +166,6 @@ def _keep_outermost_last(registry: HookRegistry) -> None:
     if outer and order[-len(outer) :] != outer:
         hooks = [registry.hooks[n] for n in outer]
         for n in outer:
-            _remove(registry._module_ref, n)
+            _remove(registry._module_ref, n, tidy=False)
         for n, hook in zip(outer, hooks):
             registry.register_hook(hook, n)

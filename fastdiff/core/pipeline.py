@@ -24,7 +24,7 @@ import torch
 
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import PIPELINES, cfg_enabled, find_denoiser
+from fastdiff.core.models import PIPELINES, cfg_enabled, find_denoiser, refuse_foreign_patches
 from fastdiff.core.registry import Accelerator, apply_order, check_conflicts
 from fastdiff.core.spec import parse
 
@@ -60,11 +60,10 @@ class FastPipeline:
             _defaults={},
             _trackers=[],
         )
+        ctx = self.context
         self._trackers += [
-            install_hook(self.denoiser, CountHook(self.context), "fastdiff.count"),
-            install_hook(
-                self.denoiser, ContextHook(self.context, lambda: self.pipe.scheduler), "fastdiff.context"
-            ),
+            install_hook(self.denoiser, CountHook(ctx), "fastdiff.count", ctx),
+            install_hook(self.denoiser, ContextHook(ctx, lambda: self.pipe), "fastdiff.context", ctx),
         ]
         pipe._fastdiff_wrapper = weakref.ref(self)
         if accelerators:
@@ -105,6 +104,7 @@ class FastPipeline:
     def accelerate(self, *accelerators) -> Handle:
         """Apply configs or spec strings; refuse conflicts before changing anything. Returns a removable handle."""
         configs = parse(list(accelerators))
+        refuse_foreign_patches(self.pipe, configs)
         fresh: list[Accelerator] = []
         for config in configs:
             if config not in self.accelerators and config not in fresh:
@@ -167,13 +167,21 @@ class FastPipeline:
             return out
 
         scheduler.step = counted_step  # instance attribute for this call only; the class method is untouched
+        self.context.active = True
         try:
             output = self.pipe(*args, **kwargs)
         finally:
+            self.context.active = False
             if shadowed is None:
                 del scheduler.step
             else:
                 scheduler.step = shadowed
+        if self._active and self.context.step and not self.context.denoiser_calls:
+            raise RuntimeError(
+                f"the denoiser ran {self.context.step} steps without fastdiff's hooks (another tool replaced "
+                f"{type(self.denoiser).__name__}.forward after fastdiff was applied), so "
+                f"{', '.join(map(str, self.accelerators))} did not act; apply the other tool first"
+            )
         _check_finite(output)
         return output
 

@@ -26,8 +26,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from diffusers.hooks import ModelHook
@@ -35,26 +33,9 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.core.tensors import batch_size_of, map_tensors
 
 HOOK_NAME = "fastdiff.cfg-interval"
-
-
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor in nested tuples, lists, dicts and diffusers/transformers outputs."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):  # includes BaseOutput / ModelOutput (OrderedDicts of their set fields)
-        items = {k: map_tensors(v, fn) for k, v in value.items()}
-        return type(value)(**items) if dataclasses.is_dataclass(value) else type(value)(items)
-    return value
-
-
-def batch_size_of(args: tuple, kwargs: dict) -> int | None:
-    """Batch size of a denoiser call: the first dimension of the sample (first argument or ``sample=``)."""
-    sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
-    return sample.shape[0] if isinstance(sample, torch.Tensor) and sample.dim() else None
 
 
 class CFGIntervalHook(ModelHook):
@@ -123,4 +104,6 @@ class CFGInterval(Accelerator):
                 f"cfg-interval needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} has "
                 f"none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if 'cond' in f.cfg_layout))})"
             )
-        return install_hook(fp.denoiser, CFGIntervalHook(fp.context, self.start, self.end), HOOK_NAME)
+        return install_hook(
+            fp.denoiser, CFGIntervalHook(fp.context, self.start, self.end), HOOK_NAME, fp.context
+        )
