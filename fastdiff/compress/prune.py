@@ -104,6 +104,12 @@ class Prune(Accelerator):
         if type(den).__name__ not in SUPPORTED:  # transformers: heads and MLP widths (prune_dit)
             return prune_transformer(fp, self)
         inputs = capture_inputs(fp, batch=2)
+        residuals = [k for k in RESIDUAL_INPUTS if inputs.get(k) is not None]
+        if residuals:
+            raise UnsupportedModelError(
+                f"prune: {type(fp.pipe).__name__} feeds the UNet {', '.join(residuals)} (ControlNet / T2I-Adapter) "
+                "whose widths must match the UNet's; pruning channels would break them"
+            )
         before = count_params_macs(den, inputs)
         originals, config = dict(den.named_children()), den._internal_dict
 
@@ -138,6 +144,12 @@ class Prune(Accelerator):
             block_out_channels=tuple(new_config["block_out_channels"]),
             config_exact=problem is None,
         )
+
+
+# Inputs through which other models (ControlNet, T2I-Adapter) add features of the UNet's own widths.
+RESIDUAL_INPUTS = (
+    "down_block_additional_residuals", "mid_block_additional_residual", "down_intrablock_additional_residuals",
+)  # fmt: skip
 
 
 def refuse_hooked_blocks(den, accelerator: str) -> None:

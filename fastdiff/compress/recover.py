@@ -86,7 +86,7 @@ def capture_inputs(fp, batch: int = 2, seed: int = 0) -> dict:
     bar_config = getattr(fp.pipe, "_progress_bar_config", None)
     fp.pipe.set_progress_bar_config(disable=True)
     try:
-        fp(**make_inputs(fp.pipe, batch), num_inference_steps=1, output_type="np",
+        fp(**make_inputs(fp.pipe, batch), num_inference_steps=4, output_type="np",  # img2img runs 4 x strength
            generator=torch.Generator().manual_seed(seed))  # fmt: skip
     except _Captured as captured:
         inputs = captured.inputs

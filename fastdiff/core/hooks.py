@@ -121,6 +121,7 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     registry = HookRegistry.check_if_exists_or_initialize(module)
     if fresh:
         registry._fastdiff_created = (True, had_forward)  # what to undo when the last hook goes
+    reattach(module)
     if registry.get_hook(name) is not None:
         raise RuntimeError(
             f"{name.split('@')[0]} is already installed on this {type(module).__name__} by the same "
@@ -145,6 +146,8 @@ def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
     registry = getattr(module, "_diffusers_hook", None)
     if registry is None or registry.get_hook(name) is None:
         return
+    current = module.__dict__.get("forward")
+    replaced = current is not None and not _is_chain(current, module)  # another tool wrapped us since
     # diffusers' remove_hook on a middle hook overwrites the next hook's new_forward; peel from the outside.
     outer = registry._hook_order[registry._hook_order.index(name) + 1 :]
     peeled = [(n, registry.hooks[n]) for n in outer]
@@ -153,11 +156,41 @@ def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
     registry.remove_hook(name, recurse=False)
     for n, hook in peeled:
         registry.register_hook(hook, n)
+    if replaced:  # leave the other tool's forward in place; it is its to restore
+        module.forward = current
     created, had_forward = getattr(registry, "_fastdiff_created", (False, True))
     if tidy and created and not registry.hooks:
         del module._diffusers_hook
-        if not had_forward:
+        if not had_forward and not replaced:
             module.__dict__.pop("forward", None)
+
+
+def reattach(module: torch.nn.Module) -> bool:
+    """Rebuild the hook chain on ``module``'s current forward if another tool swapped it out and back.
+
+    A tool that wrapped ``forward`` over the chain and restored a plain forward on exit (the DeepCache package
+    installed before fastdiff, then disabled) leaves the chain detached around a stale function; the hooks are
+    re-registered on the forward the module has now. A forward still wrapped by another tool is left alone.
+    """
+    registry = getattr(module, "_diffusers_hook", None)
+    current = module.__dict__.get("forward")
+    if registry is None or not registry.hooks or current is None or _is_chain(current, module):
+        return False
+    if getattr(current, "__func__", None) is not type(module).forward:
+        return False  # another tool's wrapper is in place
+    hooks = [(n, registry.hooks[n]) for n in registry._hook_order]
+    for n, _ in reversed(hooks):
+        registry.remove_hook(n, recurse=False)
+    module.forward = current
+    for n, hook in hooks:
+        registry.register_hook(hook, n)
+    return True
+
+
+def _is_chain(forward, module) -> bool:
+    """Whether ``forward`` is the head of a diffusers hook chain on ``module``."""
+    func = getattr(forward, "func", None)
+    return "create_new_forward" in getattr(func, "__qualname__", "") and forward.args[:1] == (module,)
 
 
 def _keep_outermost_last(registry: HookRegistry) -> None:

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -27,29 +28,29 @@ class PipelineFacts:
     default_guidance: float = 1.0  # the pipeline's own default guidance_scale
     default_batch: int = 1  # batch a benchmark uses unless told
     num_classes: int = 0  # labels a benchmark cycles through (class-conditional models)
+    image_inputs: tuple[str, ...] = ()  # call arguments that take images (init image, mask, control image)
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5)
 _SDXL = PipelineFacts("prompt", ("uncond", "cond"), 5.0)
+# Call arguments that take images, per variant (by pipeline class name without the SD/SDXL prefix).
+_IMAGE_INPUTS = {
+    "Pipeline": (),
+    "Img2ImgPipeline": ("image",),
+    "InpaintPipeline": ("image", "mask_image"),
+    "ControlNetPipeline": ("image",),
+    "ControlNetImg2ImgPipeline": ("image", "control_image"),
+    "ControlNetInpaintPipeline": ("image", "mask_image", "control_image"),
+    "AdapterPipeline": ("image",),
+}
 
 PIPELINES: dict[str, PipelineFacts] = {
-    # Stable Diffusion and its variants batch guidance as (uncond, cond) like text-to-image.
-    **dict.fromkeys(
-        (
-            "StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline", "StableDiffusionInpaintPipeline",
-            "StableDiffusionControlNetPipeline", "StableDiffusionControlNetImg2ImgPipeline",
-            "StableDiffusionControlNetInpaintPipeline", "StableDiffusionAdapterPipeline",
-        ),
-        _SD,
-    ),
-    **dict.fromkeys(
-        (
-            "StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline", "StableDiffusionXLInpaintPipeline",
-            "StableDiffusionXLControlNetPipeline", "StableDiffusionXLControlNetImg2ImgPipeline",
-            "StableDiffusionXLControlNetInpaintPipeline", "StableDiffusionXLAdapterPipeline",
-        ),
-        _SDXL,
-    ),
+    # Stable Diffusion (XL) and its variants batch guidance as (uncond, cond) like text-to-image.
+    **{
+        f"{prefix}{variant}": dataclasses.replace(base, image_inputs=images)
+        for prefix, base in (("StableDiffusion", _SD), ("StableDiffusionXL", _SDXL))
+        for variant, images in _IMAGE_INPUTS.items()
+    },
     "DiTPipeline": PipelineFacts("class_labels", ("cond", "uncond"), 4.0, num_classes=10),
     "DDPMPipeline": PipelineFacts("batch_size"),
     "ClassConditionalPipeline": PipelineFacts("class_labels", ("uncond", "cond"), 1.0, 500, num_classes=10),
@@ -119,7 +120,7 @@ def denoiser_facts(module, accelerator: str) -> DenoiserFacts:
     return DENOISERS[name]
 
 
-def _foreign_forward(module) -> bool:
+def foreign_forward(module) -> bool:
     """Whether another tool replaced ``module.forward`` (a diffusers hook chain or a bound own method is not)."""
     forward = module.__dict__.get("forward")
     if forward is None:
@@ -127,6 +128,15 @@ def _foreign_forward(module) -> bool:
     if getattr(module, "_diffusers_hook", None) is not None and isinstance(forward, functools.partial):
         return False
     return not (getattr(forward, "__func__", None) is type(module).forward and forward.__self__ is module)
+
+
+def adapter_layout(module) -> tuple:
+    """Which peft adapters sit where and which are fused: changes when LoRA is loaded, deleted, fused or unfused."""
+    return tuple(
+        (name, tuple(sorted(m.scaling)), tuple(getattr(m, "merged_adapters", ())))
+        for name, m in module.named_modules()
+        if isinstance(getattr(m, "scaling", None), dict)
+    )
 
 
 def _diffusers_cache_hooks(module) -> list[str]:
@@ -172,7 +182,7 @@ def refuse_foreign_patches(pipe, accelerators: list) -> None:
             "applying fastdiff"
         )
     for path, module in denoiser.named_modules():
-        if _foreign_forward(module):
+        if foreign_forward(module):
             raise AcceleratorError(
                 f"{names}: {type(denoiser).__name__}{'.' + path if path else ''}.forward was replaced by "
                 "another tool (the DeepCache package's DeepCacheSDHelper does this); disable it first"
@@ -184,7 +194,7 @@ def refuse_foreign_patches(pipe, accelerators: list) -> None:
             f"{names}: the denoiser carries diffusers cache hooks ({', '.join(foreign)}); two caches would "
             "reuse each other's stale features. Disable the diffusers cache first"
         )
-    if getattr(denoiser, "_tome_info", None) is not None and any(
+    if any(type(m).__name__ == "ToMeBlock" for m in denoiser.modules()) and any(
         "denoiser.attention" in getattr(a, "touches", ()) for a in accelerators
     ):
         raise AcceleratorError(

@@ -23,10 +23,21 @@ import numpy as np
 import torch
 
 from fastdiff.core.context import ContextHook, CountHook, StepContext
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import PIPELINES, cfg_enabled, find_denoiser, refuse_foreign_patches
-from fastdiff.core.registry import Accelerator, apply_order, check_conflicts
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
+from fastdiff.core.models import (
+    PIPELINES,
+    UnsupportedModelError,
+    adapter_layout,
+    cfg_enabled,
+    find_denoiser,
+    foreign_forward,
+    refuse_foreign_patches,
+)
+from fastdiff.core.registry import Accelerator, AcceleratorError, apply_order, check_conflicts
 from fastdiff.core.spec import parse
+
+# Declared touches of accelerators that change the denoiser's weights or layers (LoRA changes under them are refused).
+WEIGHT_TOUCHES = frozenset({"denoiser.weights", "denoiser.structure"})
 
 
 class NonFiniteOutputError(FloatingPointError):
@@ -57,6 +68,7 @@ class FastPipeline:
             context=StepContext(),
             denoiser_name=denoiser_name,
             _active=[],
+            _adapters=None,  # peft adapter layout while a weight-changing accelerator is active
             _defaults={},
             _trackers=[],
         )
@@ -114,14 +126,21 @@ class FastPipeline:
         try:
             for config in apply_order(fresh):
                 applied.append((config, config.apply(self)))
+        except (AcceleratorError, UnsupportedModelError) as error:
+            for _, handle in reversed(applied):
+                handle.remove()
+            # Name the pipeline too: the accelerator's own message names itself, the module and why.
+            raise type(error)(f"{config} refused on {type(self.pipe).__name__}: {error}") from error
         except BaseException:
             for _, handle in reversed(applied):
                 handle.remove()
             raise
         self._active.extend(applied)
+        self._mark_adapters()
 
         def forget():
             self._active[:] = [(c, h) for c, h in self._active if all(h is not a for _, a in applied)]
+            self._mark_adapters()
 
         return HandleGroup([h for _, h in applied], on_remove=forget)
 
@@ -129,6 +148,28 @@ class FastPipeline:
         for _, handle in reversed(self._active):
             handle.remove()
         self._active.clear()
+        self._adapters = None
+
+    def _weight_changers(self) -> list[Accelerator]:
+        return [c for c in self.accelerators if c.touches & WEIGHT_TOUCHES]
+
+    def _mark_adapters(self) -> None:
+        self._adapters = adapter_layout(self.denoiser) if self._weight_changers() else None
+
+    def _preflight(self) -> None:
+        """Refuse a call that would run active accelerators silently wrong because something changed under them."""
+        names = ", ".join(map(str, self.accelerators))
+        if foreign_forward(self.denoiser):
+            raise AcceleratorError(
+                f"{type(self.denoiser).__name__}.forward was replaced after {names} were applied, by another tool "
+                "(the DeepCache package does this); disable that tool, or apply it before fastdiff"
+            )
+        if self._adapters is not None and adapter_layout(self.denoiser) != self._adapters:
+            changers = ", ".join(map(str, self._weight_changers()))
+            raise AcceleratorError(
+                f"LoRA adapters of the {type(self.denoiser).__name__} were loaded, deleted, fused or unfused while "
+                f"{changers} (which change its weights) is active; remove it, change the adapters, then apply it again"
+            )
 
     def unwrap(self):
         """Remove every accelerator and the wrapper's own hooks; return the plain diffusers pipeline."""
@@ -151,6 +192,9 @@ class FastPipeline:
         for key, value in self._defaults.items():
             kwargs.setdefault(key, value)
         self._check_call(kwargs)
+        reattach(self.denoiser)  # another tool may have swapped the denoiser's forward out and back
+        if self._active:
+            self._preflight()
         facts = PIPELINES.get(type(self.pipe).__name__)
         self.context.begin_call(cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else ())
         scheduler = self.pipe.scheduler

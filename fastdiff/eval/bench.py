@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
+from PIL import Image
 from tqdm.auto import tqdm
 
-from fastdiff.core.models import pipeline_facts
+from fastdiff.core.models import find_denoiser, pipeline_facts
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
@@ -62,8 +63,14 @@ def peak_rss_mb(interval: float = 0.005):
         result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
 
 
-def make_inputs(pipe, batch: int | None = None, guidance: float | None = None) -> dict[str, Any]:
-    """Call arguments for a benchmark batch, from the pipeline's facts (prompts, labels or a batch size)."""
+def make_inputs(
+    pipe, batch: int | None = None, guidance: float | None = None, side: int | None = None
+) -> dict[str, Any]:
+    """Call arguments for a benchmark batch, from the pipeline's facts (prompts, labels or a batch size).
+
+    Pipelines that take images (img2img, inpaint, ControlNet, T2I-Adapter) get seeded synthetic ones of
+    ``side`` pixels (default: the model's default size).
+    """
     facts = pipeline_facts(pipe)
     batch = batch or facts.default_batch
     if facts.inputs == "prompt":
@@ -74,7 +81,26 @@ def make_inputs(pipe, batch: int | None = None, guidance: float | None = None) -
         kwargs = {"batch_size": batch}
     if facts.cfg_layout:
         kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
+    if facts.image_inputs:
+        _, denoiser = find_denoiser(pipe)
+        side = (
+            side
+            or (getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size)
+            * pipe.vae_scale_factor
+        )
+        for i, name in enumerate(facts.image_inputs):
+            image = synthetic_image(side, side, seed=i, mask=name == "mask_image")
+            kwargs[name] = image if batch == 1 else [image] * batch  # one per prompt (T2I-Adapter needs it)
     return kwargs
+
+
+def synthetic_image(height: int, width: int, seed: int = 0, mask: bool = False) -> Image.Image:
+    """A seeded noise image (RGB), or a mask (L) that is white in its central half, for image-taking pipelines."""
+    if mask:
+        pixels = np.zeros((height, width), np.uint8)
+        pixels[height // 4 : height - height // 4, width // 4 : width - width // 4] = 255
+        return Image.fromarray(pixels)
+    return Image.fromarray((np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8))
 
 
 def time_runs(

@@ -2,14 +2,16 @@
 
 Each variant is the diffusers pipeline class over the base tiny pipeline's components (``from_pipe``), plus a
 ControlNet (``ControlNetModel.from_unet``) or a T2I-Adapter sized to the UNet where the variant needs one.
-``variant_inputs`` gives the extra call arguments (init image, mask, control image) for a test-size call.
+``fastdiff.eval.bench.make_inputs`` gives a call's arguments, synthetic images included (the pipeline facts
+say which arguments take images).
 
 Example::
 
-    from fastdiff.zoo.variants import make_variant, variant_inputs
+    from fastdiff.eval.bench import make_inputs
+    from fastdiff.zoo.variants import make_variant
 
     pipe = make_variant("tiny-sd-controlnet", "test")
-    images = pipe("a red fox", num_inference_steps=2, output_type="np", **variant_inputs(pipe)).images
+    images = pipe(**make_inputs(pipe, 1), num_inference_steps=2, output_type="np").images
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from diffusers import (
     StableDiffusionXLInpaintPipeline,
     T2IAdapter,
 )
-from PIL import Image
+from diffusers.utils import logging as diffusers_logging
 
 # variant name -> (base tiny model, pipeline class, extra model: None | "controlnet" | "adapter")
 VARIANTS = {
@@ -73,34 +75,11 @@ def make_variant(name: str, size: str = "test", seed: int = 0, base=None):
         kwargs["controlnet"] = _controlnet(base.unet, seed, factor)
     elif extra == "adapter":
         kwargs["adapter"] = _adapter(base.unet, seed, factor)
-    pipe = cls.from_pipe(base, **kwargs)
+    level = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # from_pipe warns about dtype casts it does not make here
+    try:
+        pipe = cls.from_pipe(base, **kwargs)
+    finally:
+        diffusers_logging.set_verbosity(level)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def _image(height: int, width: int, seed: int, gray: bool = False) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    pixels = (rng.random((height, width, 1 if gray else 3)) * 255).astype(np.uint8)
-    return Image.fromarray(pixels[..., 0] if gray else pixels)
-
-
-def variant_inputs(pipe, height: int | None = None, width: int | None = None, batch: int = 1) -> dict:
-    """Extra call arguments a variant needs (init image + strength, mask, control image), sized to the call."""
-    name = type(pipe).__name__
-    size = pipe.unet.config.sample_size * pipe.vae_scale_factor
-    h, w = height or size, width or size
-    out: dict = {}
-    if "Img2Img" in name or "Inpaint" in name:
-        out["image"] = [_image(h, w, 1)] * batch if batch > 1 else _image(h, w, 1)
-        out["strength"] = 0.75
-    if "Inpaint" in name:
-        mask = Image.fromarray(
-            np.pad(np.full((h // 2, w // 2), 255, np.uint8), ((h // 4,) * 2, (w // 4,) * 2))
-        )
-        out["mask_image"] = [mask] * batch if batch > 1 else mask
-    if "ControlNet" in name:
-        key = "control_image" if ("Img2Img" in name or "Inpaint" in name) else "image"
-        out[key] = _image(h, w, 2)
-    if "Adapter" in name:
-        out["image"] = _image(h, w, 3)
-    return out

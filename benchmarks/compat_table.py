@@ -1,0 +1,80 @@
+"""Run the compatibility matrix (pipeline variants x every accelerator x the habits) and print the README table.
+
+Every cell is ``fastdiff.eval.compat.check_cell`` on the zoo's test-size models, the same check that
+tests/test_coexist.py runs. Writes benchmarks/results/compat.json and prints a markdown table.
+
+    python benchmarks/compat_table.py [--variants tiny-sd,tiny-dit] [--accelerators deepcache,tome]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from fastdiff.eval.compat import MATRIX_SPECS, check_cell
+from fastdiff.zoo.tiny import make_pipeline
+
+VARIANTS = (
+    "tiny-sd", "tiny-sd-img2img", "tiny-sd-inpaint", "tiny-sd-controlnet", "tiny-sd-controlnet-img2img",
+    "tiny-sd-controlnet-inpaint", "tiny-sd-adapter", "tiny-sdxl", "tiny-sdxl-img2img", "tiny-sdxl-inpaint",
+    "tiny-sdxl-controlnet", "tiny-dit", "tiny-ddpm",
+)  # fmt: skip
+
+
+def symbol(cell: dict) -> str:
+    if cell["status"] == "refused":
+        return "refused"
+    if cell["status"] == "failed":
+        return "**FAILED**"
+    mark = "yes"
+    if "direct call: accelerated" in cell["notes"]:
+        mark += " (d)"
+    if "changes the shared module: siblings see it" in cell["notes"]:
+        mark += " (s)"
+    return mark
+
+
+def markdown(cells: list[dict], variants, accelerators) -> str:
+    by = {(c["variant"], c["accelerator"]): c for c in cells}
+    lines = ["| variant | " + " | ".join(accelerators) + " |", "|---" * (len(accelerators) + 1) + "|"]
+    for v in variants:
+        lines.append(f"| {v} | " + " | ".join(symbol(by[(v, a)]) for a in accelerators) + " |")
+    reasons = sorted({c["notes"][0].split(": ", 1)[1] for c in cells if c["status"] == "refused"})
+    lines += ["", "Refusals (at `accelerate()`, nothing changed):"] + [f"- {r}" for r in reasons]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--accelerators", default=",".join(MATRIX_SPECS))
+    parser.add_argument("--json", default="benchmarks/results/compat.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    variants, accelerators = args.variants.split(","), args.accelerators.split(",")
+    cells, start = [], time.perf_counter()
+    bar = tqdm(total=len(variants) * len(accelerators), desc="cells")
+    for variant in variants:
+        pipe = make_pipeline(variant)
+        pipe.set_progress_bar_config(disable=True)
+        for accelerator in accelerators:
+            cell = check_cell(pipe, MATRIX_SPECS[accelerator], variant)
+            cells.append(dict(variant=variant, accelerator=accelerator, spec=cell.spec, status=cell.status,
+                              notes=cell.notes, failures=cell.failures))  # fmt: skip
+            bar.update()
+    bar.close()
+    Path(args.json).write_text(
+        json.dumps({"seconds": round(time.perf_counter() - start, 1), "cells": cells}, indent=1)
+    )
+    print(markdown(cells, variants, accelerators))
+    failed = [c for c in cells if c["status"] == "failed"]
+    print(f"\n{len(cells)} cells: {len(cells) - len(failed)} ok or refused, {len(failed)} failed")
+
+
+if __name__ == "__main__":
+    main()

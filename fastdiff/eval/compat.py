@@ -1,0 +1,288 @@
+"""Compatibility matrix: every accelerator on every pipeline variant, under the habits users have.
+
+``check_cell(pipe, spec)`` applies one accelerator to a pipeline and checks, call by call:
+
+- it is applied, or refused at ``accelerate()`` with an error naming the accelerator and the pipeline, after
+  which the pipeline is exactly as before;
+- an accelerated call is finite; calling the diffusers pipeline directly gives either the plain pipeline's
+  output or the accelerated one, bit for bit (never something else);
+- changing steps and image size between calls, a batch of 2, and diffusers' documented dynamic-CFG callback
+  (guidance off after 40% of the steps, which halves the denoiser batch) run and are finite, and going back
+  to the first call's settings reproduces it bit for bit (no state leaks across calls);
+- an unwrapped sibling pipeline sharing the components gives the plain output, unless the accelerator declares
+  that it changes the shared module itself (weights, structure, processors, compiled code); a second
+  FastPipeline over the sibling wraps and runs;
+- ``remove()`` leaves every module exactly as it was (``module_state``) and the output bit-identical.
+
+``fastdiff compat`` and ``benchmarks/compat_table.py`` print the matrix; ``tests/test_coexist.py`` runs it.
+
+Example::
+
+    from fastdiff.eval.compat import check_cell
+    from fastdiff.zoo.tiny import make_pipeline
+
+    cell = check_cell(make_pipeline("tiny-sd-controlnet"), "deepcache(interval=2)")
+    print(cell.status, cell.notes)  # ok ['direct call: plain output', ...]
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fastdiff.core.models import UnsupportedModelError, find_denoiser
+from fastdiff.core.pipeline import FastPipeline
+from fastdiff.core.registry import AcceleratorError
+from fastdiff.core.spec import parse
+from fastdiff.eval.bench import make_inputs
+
+# One setting per accelerator that applies to the zoo's test-size models; a test keeps it complete.
+MATRIX_SPECS = {
+    "scheduler": "scheduler(name=dpm++2m)",
+    "deepcache": "deepcache(interval=2)",
+    "blockcache": "blockcache(mode=interval,interval=2)",
+    "forecast": "forecast(interval=2,warmup=1)",
+    "cfg-interval": "cfg-interval(start=0.0,end=0.5)",
+    "promptcache": "promptcache",
+    "tome": "tome(ratio=0.5,max_downsample=2)",
+    "quantize": "quantize(mode=int8-dynamic)",
+    "prune": "prune(ratio=0.25)",
+    "sparsity": "sparsity",
+    "lowrank": "lowrank(energy=0.9)",
+    "fuse": "fuse",
+    "attention": "attention(backend=math)",
+    "compile": "compile(backend=eager)",
+}
+# Declared touches that change a module itself, so pipelines sharing it see the change too.
+MODULE_LEVEL = frozenset(
+    {
+        "denoiser.weights",
+        "denoiser.structure",
+        "denoiser.compiled",
+        "denoiser.attn_processors",
+        "denoiser.memory_format",
+    }
+)
+STEPS = 4
+
+
+@dataclass
+class Cell:
+    variant: str
+    spec: str
+    status: str = "ok"  # "ok", "refused" (at apply time, with a clear error) or "failed"
+    notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def check(self, condition: bool, what: str) -> None:
+        if not condition:
+            self.failures.append(what)
+            self.status = "failed"
+
+
+def module_state(pipe) -> dict:
+    """Per component and submodule: ``__dict__`` keys and values, children, parameters and buffers (values)."""
+    # A pipeline's own call state (_guidance_scale, _num_timesteps ...) comes and goes with calls; ours must go.
+    keys = sorted(k for k in pipe.__dict__ if not k.startswith("_") or k.startswith("_fastdiff"))
+    state = {"pipe": keys, "scheduler": id(pipe.scheduler)}
+    for name, component in pipe.components.items():
+        if not isinstance(component, torch.nn.Module):
+            state[name] = id(component)
+            continue
+        for path, module in component.named_modules(remove_duplicate=False):
+            entry = {}
+            for key, value in module.__dict__.items():
+                if key in ("_parameters", "_buffers"):
+                    entry[key] = {
+                        n: None if t is None else (t.dtype, t.detach().clone()) for n, t in value.items()
+                    }
+                elif key == "_modules":
+                    entry[key] = {n: id(m) for n, m in value.items()}
+                elif (
+                    key == "_diffusers_hook"
+                ):  # hook names; the chained forward is rebuilt as hooks come and go
+                    entry[key] = ("hooks", tuple(value._hook_order))
+                elif key == "forward" and "_diffusers_hook" in module.__dict__:
+                    entry[key] = ("hook chain",)
+                else:
+                    entry[key] = _describe(value)
+            state[f"{name}.{path}"] = entry
+    return state
+
+
+def _describe(value):
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, dict):
+        return ("dict", tuple(value))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return (type(value).__name__, len(value))
+    return ("object", id(value))
+
+
+def state_differences(before: dict, after: dict) -> list[str]:
+    """Where two ``module_state`` snapshots differ (empty when the pipeline is exactly as it was)."""
+    out = [f"{k}: added" for k in after if k not in before] + [
+        f"{k}: removed" for k in before if k not in after
+    ]
+    for key in before.keys() & after.keys():
+        a, b = before[key], after[key]
+        if not isinstance(a, dict):
+            if a != b:
+                out.append(f"{key}: {a} -> {b}")
+            continue
+        for attr in sorted(a.keys() | b.keys()):
+            if attr not in a or attr not in b:
+                out.append(f"{key}.{attr}: {'added' if attr in b else 'removed'}")
+            elif attr in ("_parameters", "_buffers"):
+                if a[attr].keys() != b[attr].keys() or any(
+                    (x is None) != (y is None)
+                    or (x is not None and (x[0] != y[0] or not torch.equal(x[1], y[1])))
+                    for x, y in ((a[attr][n], b[attr][n]) for n in a[attr])
+                ):
+                    out.append(f"{key}.{attr}: values differ")
+            elif a[attr] != b[attr]:
+                out.append(f"{key}.{attr}: {a[attr]} -> {b[attr]}")
+    return sorted(out)
+
+
+def _guidance_off(pipe, step, timestep, tensors):
+    # diffusers' documented dynamic classifier-free guidance: guidance off after 40% of the steps.
+    if step == int(pipe.num_timesteps * 0.4):
+        pipe._guidance_scale = 0.0
+        return {k: v.chunk(2)[-1] for k, v in tensors.items()}
+    return tensors
+
+
+def _call(target, pipe, seed: int = 0, batch: int = 1, steps: int = STEPS, side: int | None = None, **extra):
+    kwargs = make_inputs(pipe, batch, side=side)
+    if side is not None and "height" in inspect.signature(pipe.__call__).parameters:
+        kwargs.update(height=side, width=side)
+    kwargs.update(extra)
+    generator = torch.Generator().manual_seed(seed)
+    return target(**kwargs, num_inference_steps=steps, output_type="np", generator=generator).images
+
+
+def _callback_args(pipe) -> dict | None:
+    names = [
+        n
+        for n in ("prompt_embeds", "add_text_embeds", "add_time_ids")
+        if n in getattr(pipe, "_callback_tensor_inputs", ())
+    ]
+    if (
+        "callback_on_step_end" not in inspect.signature(pipe.__call__).parameters
+        or "prompt_embeds" not in names
+    ):
+        return None
+    return {"callback_on_step_end": _guidance_off, "callback_on_step_end_tensor_inputs": names}
+
+
+_PLAIN_OK: dict = {}  # (pipeline class, habit) -> whether the plain diffusers pipeline supports the habit
+
+
+def _plain_supports(pipe, habit: str, extra: dict) -> bool:
+    key = (type(pipe).__name__, habit)
+    if key not in _PLAIN_OK:
+        try:
+            _call(pipe, pipe, **extra)
+            _PLAIN_OK[key] = True
+        except Exception:  # noqa: BLE001 - the diffusers pipeline itself fails with this habit: nothing to check
+            _PLAIN_OK[key] = False
+    return _PLAIN_OK[key]
+
+
+def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
+    """Apply ``spec`` to ``pipe`` (a plain diffusers pipeline) and run every habit; the pipe ends as it began."""
+    cell = Cell(variant or type(pipe).__name__, spec)
+    (config,) = parse(spec)
+    habits = habits_of(pipe)
+    pristine = module_state(pipe)
+    sibling = type(pipe).from_pipe(pipe)  # made before acceleration; shares every component
+    sibling.set_progress_bar_config(disable=True)
+    fp = FastPipeline(pipe)
+    try:
+        _run_cell(cell, fp, pipe, sibling, config, habits)
+    finally:
+        fp.unwrap()
+    diffs = state_differences(pristine, module_state(pipe))
+    cell.check(not diffs, f"modules differ after unwrap(): {diffs[:3]}")
+    return cell
+
+
+def _run_cell(cell: Cell, fp: FastPipeline, pipe, sibling, config, habits) -> None:
+    base = _call(fp, pipe)
+    before = module_state(pipe)
+    try:
+        handle = fp.accelerate(config)
+    except (AcceleratorError, UnsupportedModelError) as error:
+        cell.status, message = "refused", str(error)
+        cell.notes.append(message)
+        cell.check(
+            config.spec_name in message and type(pipe).__name__ in message, f"unclear refusal: {message}"
+        )
+        cell.check(not state_differences(before, module_state(pipe)), "a refusal changed the pipeline")
+        cell.check(np.array_equal(_call(fp, pipe), base), "output changed after a refusal")
+        return
+    accelerated = _call(fp, pipe)
+    cell.check(bool(np.isfinite(accelerated).all()), "accelerated output not finite")
+    direct = _call(pipe, pipe)
+    if np.array_equal(direct, base):
+        cell.notes.append("direct call: plain output")
+    else:
+        cell.check(
+            np.array_equal(direct, accelerated),
+            "direct call gave neither the plain nor the accelerated output",
+        )
+        cell.notes.append("direct call: accelerated")
+    _habits(cell, fp, pipe, habits, accelerated)
+    _siblings(cell, sibling, config, base)
+    handle.remove()
+    cell.check(np.array_equal(_call(fp, pipe), base), "output after remove() differs from before")
+    diffs = state_differences(before, module_state(pipe))
+    cell.check(not diffs, f"modules differ after remove(): {diffs[:3]}")
+
+
+def habits_of(pipe) -> list[tuple[str, dict]]:
+    """The call habits a pipeline supports on its own (checked once per pipeline class, before accelerating)."""
+    _, denoiser = find_denoiser(pipe)
+    default = (getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size) * getattr(
+        pipe, "vae_scale_factor", 1
+    )
+    side = default + 8  # SD pipelines want multiples of 8
+    habits = [("steps 6", dict(steps=6)), ("batch 2", dict(batch=2))]
+    if "height" in inspect.signature(pipe.__call__).parameters:
+        habits.append((f"size {side}", dict(side=side)))
+    callback = _callback_args(pipe)
+    if callback is not None:
+        habits.append(("guidance-off callback", callback))
+    return [(name, extra) for name, extra in habits if _plain_supports(pipe, name, extra)]
+
+
+def _habits(cell: Cell, fp: FastPipeline, pipe, habits, accelerated) -> None:
+    cell.notes.append("habits: " + ", ".join(name for name, _ in habits))
+    for name, extra in habits:
+        try:
+            out = _call(fp, pipe, **extra)
+            cell.check(bool(np.isfinite(out).all()), f"{name}: output not finite")
+        except Exception as error:  # noqa: BLE001 - every crash is a failed cell, reported with its habit
+            cell.check(False, f"{name}: {type(error).__name__}: {error}")
+    cell.check(np.array_equal(_call(fp, pipe), accelerated), "repeating the first call gave another image")
+
+
+def _siblings(cell: Cell, sibling, config, base) -> None:
+    shared_change = bool(config.touches & MODULE_LEVEL)
+    same = np.array_equal(_call(sibling, sibling), base)
+    cell.check(same or shared_change, "an unwrapped sibling sharing the components changed output")
+    if not same:
+        cell.notes.append("changes the shared module: siblings see it")
+    try:
+        second = FastPipeline(sibling)
+    except Exception as error:  # noqa: BLE001
+        cell.check(False, f"wrapping a sibling failed: {type(error).__name__}: {error}")
+        return
+    out = _call(second, sibling)
+    cell.check(bool(np.isfinite(out).all()), "second wrapper output not finite")
+    second.unwrap()

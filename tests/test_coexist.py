@@ -1,0 +1,70 @@
+"""The compatibility matrix: pipeline variants x every accelerator x the habits users have.
+
+Each cell (``fastdiff.eval.compat.check_cell``) either works under every habit (finite output, direct calls
+give the plain or the accelerated output exactly, no state leaking across calls with other steps, sizes and
+batches or a batch-halving callback, unwrapped siblings unchanged unless the accelerator declares it changes
+the shared module, a second wrapper over a sibling) and ``remove()``/``unwrap()`` restore every module exactly;
+or it is refused at ``accelerate()`` with an error naming the accelerator and the pipeline. The refusals
+must be exactly the expected ones, so an accelerator that stops applying somewhere fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fastdiff.core.registry import available
+from fastdiff.eval.compat import MATRIX_SPECS, check_cell
+from fastdiff.zoo.tiny import make_pipeline
+
+VARIANTS = (
+    "tiny-sd", "tiny-sd-img2img", "tiny-sd-inpaint", "tiny-sd-controlnet", "tiny-sd-adapter",
+    "tiny-sdxl", "tiny-sdxl-img2img", "tiny-sdxl-controlnet", "tiny-dit",
+)  # fmt: skip
+UNETS = [v for v in VARIANTS if v != "tiny-dit"]
+# Expected refusals: (variant, accelerator) -> a phrase of the reason.
+REFUSED = {
+    **{(v, "blockcache"): "needs a transformer" for v in UNETS},
+    ("tiny-dit", "deepcache"): "needs a UNet",
+    ("tiny-dit", "promptcache"): "needs a text encoder",
+    **{
+        (v, "prune"): "ControlNet / T2I-Adapter"
+        for v in ("tiny-sd-controlnet", "tiny-sd-adapter", "tiny-sdxl-controlnet")
+    },
+}
+FAST = [name for name in MATRIX_SPECS if name != "compile"]  # compile traces for ~10 s a variant: slow test
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            cache[variant] = make_pipeline(variant)
+            cache[variant].set_progress_bar_config(disable=True)
+        return cache[variant]
+
+    return get
+
+
+def test_matrix_covers_every_accelerator():
+    assert set(MATRIX_SPECS) == set(available())
+
+
+@pytest.mark.parametrize("accelerator", FAST)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cell(pipes, variant, accelerator):
+    cell = check_cell(pipes(variant), MATRIX_SPECS[accelerator], variant)
+    assert cell.status != "failed", cell.failures
+    expected = REFUSED.get((variant, accelerator))
+    if expected is None:
+        assert cell.status == "ok", cell.notes
+    else:
+        assert cell.status == "refused" and expected in cell.notes[0], cell.notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ("tiny-sd", "tiny-dit"))
+def test_compile_cell(pipes, variant):
+    cell = check_cell(pipes(variant), MATRIX_SPECS["compile"], variant)
+    assert cell.status == "ok", cell.failures or cell.notes
