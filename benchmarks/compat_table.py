@@ -39,12 +39,18 @@ def symbol(cell: dict) -> str:
     return mark
 
 
+def short(refusal: str) -> str:
+    """The reason of a refusal, without the prefix naming spec and pipeline, up to its first aside."""
+    reason = refusal.split(": ", 1)[1]
+    return reason.split(" (")[0].split(";")[0]
+
+
 def markdown(cells: list[dict], variants, accelerators) -> str:
     by = {(c["variant"], c["accelerator"]): c for c in cells}
     lines = ["| variant | " + " | ".join(accelerators) + " |", "|---" * (len(accelerators) + 1) + "|"]
     for v in variants:
         lines.append(f"| {v} | " + " | ".join(symbol(by[(v, a)]) for a in accelerators) + " |")
-    reasons = sorted({c["notes"][0].split(": ", 1)[1] for c in cells if c["status"] == "refused"})
+    reasons = sorted({short(c["notes"][0]) for c in cells if c["status"] == "refused"})
     lines += ["", "Refusals (at `accelerate()`, nothing changed):"] + [f"- {r}" for r in reasons]
     return "\n".join(lines)
 
@@ -54,7 +60,13 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--accelerators", default=",".join(MATRIX_SPECS))
     parser.add_argument("--json", default="benchmarks/results/compat.json")
+    parser.add_argument("--render", action="store_true", help="print the table of an existing --json file")
     args = parser.parse_args()
+    if args.render:
+        cells = json.loads(Path(args.json).read_text())["cells"]
+        variants = list(dict.fromkeys(c["variant"] for c in cells))
+        print(markdown(cells, variants, list(dict.fromkeys(c["accelerator"] for c in cells))))
+        return
     torch.set_num_threads(1)
     variants, accelerators = args.variants.split(","), args.accelerators.split(",")
     cells, start = [], time.perf_counter()

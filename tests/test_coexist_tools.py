@@ -260,3 +260,18 @@ def test_hooks_are_inert_outside_the_wrappers_calls():
     fp.unwrap()
     with torch.no_grad():
         torch.testing.assert_close(pipe.unet(sample, 500, text).sample, hooked, rtol=0, atol=0)
+
+
+def test_progress_counts_the_steps_img2img_actually_runs():
+    pipe = fresh("tiny-sd-img2img")
+    fp = FastPipeline(pipe)
+    seen = []
+    fp.accelerate("cfg-interval(start=0.0,end=0.5)")
+    # conv_in runs inside cfg-interval's hook: it sees the batch actually computed at each step
+    hook = pipe.unet.conv_in.register_forward_pre_hook(
+        lambda m, a: seen.append((fp.context.progress, len(a[0])))
+    )
+    _call(fp, pipe, steps=10, strength=0.5)  # 5 of the 10 scheduled steps run
+    hook.remove()
+    assert fp.context.num_steps == 5 and fp.context.step == 5
+    assert seen == [(0.0, 2), (0.2, 2), (0.4, 2), (0.6, 1), (0.8, 1)]  # guided in the first half of what ran

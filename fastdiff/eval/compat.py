@@ -38,6 +38,7 @@ from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.core.spec import parse
 from fastdiff.eval.bench import make_inputs
+from fastdiff.zoo.variants import sibling
 
 # One setting per accelerator that applies to the zoo's test-size models; a test keeps it complete.
 MATRIX_SPECS = {
@@ -200,11 +201,11 @@ def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
     (config,) = parse(spec)
     habits = habits_of(pipe)
     pristine = module_state(pipe)
-    sibling = type(pipe).from_pipe(pipe)  # made before acceleration; shares every component
-    sibling.set_progress_bar_config(disable=True)
+    twin = sibling(pipe)  # made before acceleration; shares every component
+    twin.set_progress_bar_config(disable=True)
     fp = FastPipeline(pipe)
     try:
-        _run_cell(cell, fp, pipe, sibling, config, habits)
+        _run_cell(cell, fp, pipe, twin, config, habits)
     finally:
         fp.unwrap()
     diffs = state_differences(pristine, module_state(pipe))
@@ -212,7 +213,7 @@ def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
     return cell
 
 
-def _run_cell(cell: Cell, fp: FastPipeline, pipe, sibling, config, habits) -> None:
+def _run_cell(cell: Cell, fp: FastPipeline, pipe, twin, config, habits) -> None:
     base = _call(fp, pipe)
     before = module_state(pipe)
     try:
@@ -238,7 +239,7 @@ def _run_cell(cell: Cell, fp: FastPipeline, pipe, sibling, config, habits) -> No
         )
         cell.notes.append("direct call: accelerated")
     _habits(cell, fp, pipe, habits, accelerated)
-    _siblings(cell, sibling, config, base)
+    _siblings(cell, twin, config, base)
     handle.remove()
     cell.check(np.array_equal(_call(fp, pipe), base), "output after remove() differs from before")
     diffs = state_differences(before, module_state(pipe))
@@ -272,17 +273,17 @@ def _habits(cell: Cell, fp: FastPipeline, pipe, habits, accelerated) -> None:
     cell.check(np.array_equal(_call(fp, pipe), accelerated), "repeating the first call gave another image")
 
 
-def _siblings(cell: Cell, sibling, config, base) -> None:
+def _siblings(cell: Cell, twin, config, base) -> None:
     shared_change = bool(config.touches & MODULE_LEVEL)
-    same = np.array_equal(_call(sibling, sibling), base)
+    same = np.array_equal(_call(twin, twin), base)
     cell.check(same or shared_change, "an unwrapped sibling sharing the components changed output")
     if not same:
         cell.notes.append("changes the shared module: siblings see it")
     try:
-        second = FastPipeline(sibling)
+        second = FastPipeline(twin)
     except Exception as error:  # noqa: BLE001
         cell.check(False, f"wrapping a sibling failed: {type(error).__name__}: {error}")
         return
-    out = _call(second, sibling)
+    out = _call(second, twin)
     cell.check(bool(np.isfinite(out).all()), "second wrapper output not finite")
     second.unwrap()

@@ -75,11 +75,16 @@ def make_variant(name: str, size: str = "test", seed: int = 0, base=None):
         kwargs["controlnet"] = _controlnet(base.unet, seed, factor)
     elif extra == "adapter":
         kwargs["adapter"] = _adapter(base.unet, seed, factor)
+    pipe = sibling(base, cls, **kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sibling(pipe, cls=None, **components):
+    """``cls.from_pipe(pipe, **components)`` (default: the same class): a pipeline sharing ``pipe``'s modules."""
     level = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()  # from_pipe warns about dtype casts it does not make here
     try:
-        pipe = cls.from_pipe(base, **kwargs)
+        return (cls or type(pipe)).from_pipe(pipe, **components)
     finally:
         diffusers_logging.set_verbosity(level)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
