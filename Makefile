@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, build the digits reference model (first run only), run baseline vs accelerated
+#   make demo   - create .venv, copy the shipped digits reference model (hash-checked), run baseline vs accelerated
 #   make test   - create .venv and run the test suite
 PY ?= python3
 VENV ?= .venv

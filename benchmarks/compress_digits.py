@@ -30,6 +30,7 @@ from fastdiff.compress.lowrank import count_params_macs
 from fastdiff.compress.recover import MANIFEST, capture_inputs, compress_model, load_compressed
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
+from fastdiff.zoo.shipped import ensure_digits
 
 # name -> (specs, recovery steps, learning rate, batch): the pruned model is 28% of the original and needs
 # much more (and faster) training than the low-rank one, which starts close to the original.
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/compress_digits.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, work = Path(args.model), Path(args.work)
+    model, work = ensure_digits(args.model), Path(args.work)
     started = time.perf_counter()
     dirs, settings = build(model, work, args)
     build_seconds = time.perf_counter() - started

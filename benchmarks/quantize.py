@@ -32,6 +32,7 @@ from fastdiff.compress.quantize import quantizable_linears
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr
+from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
 SUITES = {
@@ -67,7 +68,7 @@ def load(model: str) -> FastPipeline:
     if model == "tiny-sd":
         fp = FastPipeline(make_pipeline("tiny-sd", "bench", seed=0))
     else:
-        fp = FastPipeline.from_pretrained(model)
+        fp = FastPipeline.from_pretrained(ensure_digits(model) if model.endswith("digits") else model)
     fp.pipe.set_progress_bar_config(disable=True)
     return fp
 

@@ -10,20 +10,27 @@ Run (the JSONs come from, for g in 1 2):
   fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \
     --config ddpm1000="scheduler(name=ddpm,steps=1000)" --json benchmarks/results/reference_ddpm_g$g.json
 then:  python benchmarks/reference_report.py   (prints the table of benchmarks/reference.md)
+The shipped model's table: python benchmarks/reference_report.py benchmarks/results/reference_shipped_g1.json
+(that JSON from the first command above, run on `fastdiff zoo build digits DIR --size bench`, guidance 1).
 """
 
 import json
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def main() -> None:
+def main(paths: list[str]) -> None:
     print(
         "| sampler | guidance | NFE | accuracy | FD | fd_floor | CPU s / 100 images | wall s / 100 images |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for guidance in (1, 2):
+    for path in paths:  # given bench JSONs (guidance from their settings), else the committed reference ones
+        result = json.loads(Path(path).read_text())
+        guidance = result["settings"]["inputs"].get("guidance_scale", 1.0)
+        _rows(result, int(guidance) if float(guidance).is_integer() else guidance)
+    for guidance in () if paths else (1, 2):
         for path in (RESULTS / f"reference_ddpm_g{guidance}.json", RESULTS / f"reference_g{guidance}.json"):
             if path.exists():
                 _rows(json.loads(path.read_text()), guidance)
@@ -40,4 +47,4 @@ def _rows(result: dict, guidance: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

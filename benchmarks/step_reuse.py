@@ -3,7 +3,7 @@
 Run (1 thread; every ratio comes from configs timed in the same run)::
 
     .venv/bin/python benchmarks/step_reuse.py --models tiny-sd tiny-dit tiny-sdxl --rounds 3
-    .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 2   # needs .fastdiff-cache/digits
+    .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 2   # .fastdiff-cache/digits (shipped if absent)
 
 Every model uses DPM++ 2M at 20 steps. The machine is shared and its speed drifts by tens of percent within
 minutes, so timing is *paired*: each round times, for every config, one call of ``none`` immediately followed
@@ -31,6 +31,7 @@ from fastdiff.core.registry import available
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import format_table, make_inputs
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
 DIGITS = Path(__file__).resolve().parents[1] / ".fastdiff-cache" / "digits"
@@ -71,9 +72,7 @@ def _short(spec: str) -> str:
 
 def load(model: str, size: str = "bench") -> FastPipeline:
     if model == "digits":
-        if not (DIGITS / "model_index.json").is_file():
-            raise SystemExit(f"the digits reference model is not in {DIGITS} yet")
-        return FastPipeline.from_pretrained(DIGITS)
+        return FastPipeline.from_pretrained(ensure_digits(DIGITS))
     return FastPipeline(make_pipeline(model, size))
 
 

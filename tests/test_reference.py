@@ -50,7 +50,7 @@ SCHEDULERS = [
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
-    build_reference(out, minutes=2.0, max_steps=3, classifier_epochs=1, seed=0, threads=1)
+    build_reference(out, steps=3, classifier_epochs=1, seed=0, threads=1)
     return out
 
 
@@ -95,7 +95,7 @@ def test_short_build_writes_pipeline_classifier_split_and_log(build_dir):
 def test_resume_continues_from_checkpoint(build_dir, tmp_path):
     classifier_bytes = (build_dir / "eval" / "classifier.pt").read_bytes()
     weights_before = (build_dir / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
-    build_reference(build_dir, minutes=2.0, max_steps=5, classifier_epochs=1, seed=0, resume=True, threads=1)
+    build_reference(build_dir, steps=5, classifier_epochs=1, seed=0, resume=True, threads=1)
     assert torch.load(build_dir / "checkpoint.pt", weights_only=False)["step"] == 5
     assert [row["step"] for row in read_log(build_dir / "train_log.jsonl")] == [3, 5]  # appended
     assert (build_dir / "eval" / "classifier.pt").read_bytes() == classifier_bytes  # reused, not retrained
@@ -103,13 +103,64 @@ def test_resume_continues_from_checkpoint(build_dir, tmp_path):
     assert not list(build_dir.rglob("*.tmp"))  # atomic writes left no temp files
 
 
-def test_training_stops_at_time_budget(tmp_path):
+def train(out_dir, steps=4, seed=0, resume=False, **options):
+    out_dir.mkdir(exist_ok=True)
     split = digits_split(16)
-    unet, summary = train_unet(
-        tmp_path, split["x_train"], split["y_train"], minutes=0.01, resolution=16, seed=0, resume=False
+    return train_unet(
+        out_dir,
+        split["x_train"],
+        split["y_train"],
+        steps=steps,
+        resolution=16,
+        seed=seed,
+        resume=resume,
+        **options,
     )
-    assert summary["steps"] >= 1 and summary["train_seconds"] >= 0.6
-    assert not unet.training
+
+
+def test_training_runs_a_fixed_step_count_and_same_seed_gives_same_weights(tmp_path):
+    unet_a, summary = train(tmp_path / "a")
+    unet_b, _ = train(tmp_path / "b")
+    assert summary["steps"] == 4 and summary["seed"] == 0 and not unet_a.training
+    for key, value in unet_a.state_dict().items():
+        assert torch.equal(value, unet_b.state_dict()[key]), key
+    unet_c, _ = train(tmp_path / "c", seed=1)
+    assert not torch.equal(unet_a.conv_in.weight, unet_c.conv_in.weight)
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    import fastdiff.zoo.reference_train as reference_train
+
+    straight, _ = train(tmp_path / "straight")
+    calls, compute_snr = [], reference_train.compute_snr
+
+    def failing_snr(*args):  # the third step dies after two checkpointed steps
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return compute_snr(*args)
+
+    monkeypatch.setattr(reference_train, "compute_snr", failing_snr)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "resumed", checkpoint_every_s=0.0)
+    monkeypatch.setattr(reference_train, "compute_snr", compute_snr)
+    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 2
+    resumed, summary = train(tmp_path / "resumed", resume=True)
+    assert summary["steps"] == 4
+    for key, value in straight.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_time_budget_is_refused_with_a_clear_message(tmp_path, capsys):
+    from fastdiff.cli.main import main
+
+    with pytest.raises(ValueError, match="fixed number of optimizer steps"):
+        build_reference(tmp_path, minutes=1.0)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        build_reference(tmp_path, steps=0)
+    with pytest.raises(SystemExit, match="--minutes was removed.*--steps"):
+        main(["reference", "build", str(tmp_path), "--minutes", "12"])
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_zoo_registration():

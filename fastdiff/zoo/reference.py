@@ -2,6 +2,8 @@
 
 Random-weight models cannot tell a good accelerator from a bad one; this one generates real digits, so
 accuracy (by a separately trained classifier) and FD (on its features) measure what an accelerator costs.
+One build (3000 steps, seed 0) ships with the package (``fastdiff.zoo.shipped``); ``build_reference`` retrains
+it, for a fixed number of optimizer steps, so the result depends only on the seed and the step count.
 
 Layout of a build directory::
 
@@ -13,13 +15,12 @@ Layout of a build directory::
 Example::
 
     from fastdiff.zoo.reference import build_reference
-    path = build_reference("/tmp/digits", minutes=0.2)
+    path = build_reference("/tmp/digits", steps=20, classifier_epochs=1)   # a toy build, for the flow
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -27,25 +28,30 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
-from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel
-from diffusers.training_utils import EMAModel, compute_snr
-from torch.utils.data import DataLoader, TensorDataset
-from tqdm.auto import tqdm
+from diffusers import DDIMScheduler
 
 from fastdiff.eval.classifier import classifier_accuracy, load_classifier, save_classifier, train_classifier
 from fastdiff.eval.quality import accuracy, fd, fd_floor
 from fastdiff.zoo import register_model
 from fastdiff.zoo.pipelines import ClassConditionalPipeline
+from fastdiff.zoo.reference_train import (
+    NULL_CLASS,
+    NUM_CLASSES,
+    _atomic_write_text,
+    reference_unet,
+    train_unet,
+    training_scheduler,
+)
+from fastdiff.zoo.shipped import install_digits
 
 RESOLUTIONS = (16, 32)
-NUM_CLASSES = 10
-NULL_CLASS = NUM_CLASSES  # extra class embedding used as "no label" for classifier-free guidance
 TEST_SIZE = 360
+BENCH_STEPS = (
+    3000  # reaches FD ~ fd_floor; the shipped model (fastdiff/zoo/data/digits) is this build, seed 0
+)
 SIZES = {
-    "test": dict(minutes=1.0, classifier_epochs=8, eval_per_class=0),
-    # 3000 steps reach FD ~ fd_floor; on an idle 2-core machine that takes ~12-15 min, under load the cap stops it
-    "bench": dict(minutes=12.0, max_steps=3000, classifier_epochs=30, eval_per_class=50),
+    "test": dict(steps=200, classifier_epochs=8, eval_per_class=0),
+    "bench": dict(steps=BENCH_STEPS, classifier_epochs=30, eval_per_class=50),
 }
 
 
@@ -79,213 +85,45 @@ def digits_split(resolution: int = 16, seed: int = 0, test_size: int = TEST_SIZE
     }  # fmt: skip
 
 
-def reference_unet(resolution: int = 16) -> UNet2DModel:
-    """Class-conditional UNet (32/64/64 channels, self-attention at the two lower resolutions, 11 classes)."""
-    return UNet2DModel(
-        sample_size=resolution,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(32, 64, 64),
-        layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=32,
-        norm_num_groups=8,
-        num_class_embeds=NUM_CLASSES + 1,
-    )
-
-
-def training_scheduler() -> DDPMScheduler:
-    """DDPM, 1000 steps, linear betas, epsilon prediction, no sample clipping (clipping breaks CFG)."""
-    return DDPMScheduler(
-        num_train_timesteps=1000, beta_schedule="linear", prediction_type="epsilon", clip_sample=False
-    )
-
-
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(text: str, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _learning_rate(base_lr: float, step: int, progress: float, warmup_steps: int = 100) -> float:
-    """Linear warmup, then cosine decay to 10% over training ``progress`` in [0, 1] (time or steps)."""
-    warm = min(1.0, (step + 1) / warmup_steps)
-    return base_lr * warm * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
-
-
-def train_unet(
-    out_dir: Path,
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    minutes: float,
-    resolution: int,
-    seed: int,
-    resume: bool,
-    max_steps: int | None = None,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    label_dropout: float = 0.1,
-    snr_gamma: float | None = 5.0,
-    checkpoint_every_s: float = 60.0,
-    log_every: int = 20,
-) -> tuple[UNet2DModel, dict]:
-    """Time-budgeted DDPM training (accelerate, EMA, Min-SNR loss, JSONL log, atomic resumable checkpoints).
-
-    Returns the EMA UNet (eval mode) and a summary (steps, elapsed_s, steps_per_s, final loss).
-    """
-    ckpt_path, log_path = out_dir / "checkpoint.pt", out_dir / "train_log.jsonl"
-    torch.manual_seed(seed)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    unet = reference_unet(resolution)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=lr, weight_decay=0.0)
-    images = torch.as_tensor(x_train) * 2.0 - 1.0  # the model works in [-1, 1]
-    loader = DataLoader(
-        TensorDataset(images, torch.as_tensor(y_train)),
-        batch_size=min(batch_size, len(images)),
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    unet, optimizer, loader = accelerator.prepare(unet, optimizer, loader)
-    ema = EMAModel(accelerator.unwrap_model(unet).parameters(), decay=0.999)
-    noise_scheduler = training_scheduler()
-    step, elapsed = 0, 0.0
-    if resume and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if state["resolution"] != resolution:
-            raise ValueError(f"checkpoint has resolution {state['resolution']}, asked for {resolution}")
-        accelerator.unwrap_model(unet).load_state_dict(state["unet"])
-        optimizer.load_state_dict(state["optimizer"])
-        ema.load_state_dict(state["ema"])
-        step, elapsed = state["step"], state["elapsed_s"]
-        torch.set_rng_state(state["rng"])
-    elif not resume:
-        log_path.unlink(missing_ok=True)
-        ckpt_path.unlink(missing_ok=True)
-
-    start_step, run_start, last_ckpt = step, time.perf_counter(), time.perf_counter()
-
-    def elapsed_now() -> float:
-        return elapsed + time.perf_counter() - run_start
-
-    def save_checkpoint() -> None:
-        state = {
-            "unet": accelerator.unwrap_model(unet).state_dict(), "optimizer": optimizer.state_dict(),
-            "ema": ema.state_dict(), "step": step, "elapsed_s": elapsed_now(), "rng": torch.get_rng_state(),
-            "resolution": resolution,
-        }  # fmt: skip
-        _atomic_torch_save(state, ckpt_path)
-
-    budget_s = minutes * 60.0
-    recent_losses: list[float] = []
-
-    def write_log_row() -> None:
-        steps_per_s = (step - start_step) / max(time.perf_counter() - run_start, 1e-9)
-        row = {
-            "step": step, "loss": round(float(np.mean(recent_losses)), 5), "lr": optimizer.param_groups[0]["lr"],
-            "elapsed_s": round(elapsed_now(), 2), "steps_per_s": round(steps_per_s, 3),
-        }  # fmt: skip
-        log.write(json.dumps(row) + "\n")
-        log.flush()
-        bar.set_postfix(step=step, loss=f"{row['loss']:.4f}", it_s=row["steps_per_s"])
-
-    unet.train()
-    bar = tqdm(
-        total=round(budget_s), initial=min(round(elapsed), round(budget_s)), unit="s", desc="digits ddpm"
-    )
-    with log_path.open("a") as log:
-        done = False
-        while not done:
-            for x0, labels in loader:
-                progress = elapsed_now() / budget_s
-                if max_steps is not None:
-                    progress = max(progress, step / max_steps)
-                done = progress >= 1.0
-                if done:
-                    break
-                for group in optimizer.param_groups:
-                    group["lr"] = _learning_rate(lr, step, progress)
-                drop = torch.rand(labels.shape, device=labels.device) < label_dropout
-                labels = torch.where(drop, torch.full_like(labels, NULL_CLASS), labels)
-                noise = torch.randn_like(x0)
-                t = torch.randint(
-                    0, noise_scheduler.config.num_train_timesteps, (x0.shape[0],), device=x0.device
-                )
-                noisy = noise_scheduler.add_noise(x0, noise, t)
-                per_sample = F.mse_loss(unet(noisy, t, class_labels=labels).sample, noise, reduction="none")
-                per_sample = per_sample.mean(dim=(1, 2, 3))
-                if snr_gamma:  # Min-SNR weighting (Hang et al. 2023): faster convergence
-                    snr = compute_snr(noise_scheduler, t)
-                    per_sample = per_sample * snr.clamp(max=snr_gamma) / snr
-                loss = per_sample.mean()
-                accelerator.backward(loss)
-                accelerator.clip_grad_norm_(unet.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad()
-                ema.step(accelerator.unwrap_model(unet).parameters())
-                step += 1
-                recent_losses = (recent_losses + [loss.item()])[-log_every:]
-                if step % log_every == 0:
-                    write_log_row()
-                bar.update(min(round(elapsed_now()), round(budget_s)) - bar.n)
-                if time.perf_counter() - last_ckpt >= checkpoint_every_s:
-                    save_checkpoint()
-                    last_ckpt = time.perf_counter()
-        if recent_losses and step % log_every:
-            write_log_row()
-    bar.close()
-    save_checkpoint()
-    run_seconds = time.perf_counter() - run_start
-    ema_unet = reference_unet(resolution)
-    ema.copy_to(ema_unet.parameters())
-    summary = {
-        "steps": step, "train_seconds": round(elapsed + run_seconds, 1), "batch_size": batch_size, "lr": lr,
-        "snr_gamma": snr_gamma, "label_dropout": label_dropout,
-        "session_steps_per_s": round((step - start_step) / max(run_seconds, 1e-9), 3),
-        "final_loss": float(np.mean(recent_losses)) if recent_losses else None,
-    }  # fmt: skip
-    return ema_unet.eval(), summary
-
-
 def build_reference(
     out_dir: str | Path,
-    minutes: float = 12.0,
+    steps: int = BENCH_STEPS,
     resolution: int = 16,
     seed: int = 0,
     resume: bool = False,
     threads: int | None = None,
-    max_steps: int | None = None,
     classifier_epochs: int = 30,
     fd_samples: int = 500,
     eval_per_class: int = 0,
     train_options: dict | None = None,
+    minutes: float | None = None,
 ) -> Path:
-    """Train the digits DDPM for ``minutes`` (and at most ``max_steps``), plus its evaluation classifier.
+    """Train the digits DDPM for exactly ``steps`` optimizer steps, plus its evaluation classifier.
 
-    ``resume=True`` continues from ``out_dir/checkpoint.pt`` until the total training time reaches
-    ``minutes``, and reuses an existing classifier. ``threads`` sets torch's CPU threads for the build
-    (None: unchanged; 1 is fastest on a machine oversubscribed by other work).
+    The weights depend only on ``seed``, ``steps`` and the options, not on machine load; the build prints
+    the measured rate and its estimated time, and shows a progress bar. ``resume=True`` continues from
+    ``out_dir/checkpoint.pt`` up to ``steps`` in all (exactly as an uninterrupted run would) and reuses an
+    existing classifier. ``threads`` sets torch's CPU threads for the build (None: unchanged).
     ``train_options`` go to ``train_unet`` (batch_size, lr, label_dropout, snr_gamma, ...).
     ``eval_per_class > 0`` adds a DDIM-50 (trailing) sample check of that many images per digit to the report.
+    ``minutes`` (the old time budget) is refused: it made the model depend on how busy the machine was.
 
     Example::
 
-        build_reference("/tmp/digits", minutes=0.2, classifier_epochs=3)
+        build_reference("/tmp/digits", steps=5, classifier_epochs=1, threads=1)
     """
-    if minutes <= 0:
-        raise ValueError(f"minutes must be positive, got {minutes}")
+    if minutes is not None:
+        raise ValueError(
+            "the time budget (minutes) was removed: the reference now trains a fixed number of optimizer "
+            f"steps, so its result depends only on seed and steps; pass steps=N (bench: {BENCH_STEPS})"
+        )
+    if not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _build(Path(out_dir), minutes, resolution, seed, resume, max_steps, classifier_epochs, fd_samples,
+        return _build(Path(out_dir), steps, resolution, seed, resume, classifier_epochs, fd_samples,
                       eval_per_class, train_options)  # fmt: skip
     finally:
         torch.set_num_threads(previous_threads)
@@ -293,11 +131,10 @@ def build_reference(
 
 def _build(
     out: Path,
-    minutes: float,
+    steps: int,
     resolution: int,
     seed: int,
     resume: bool,
-    max_steps: int | None,
     classifier_epochs: int,
     fd_samples: int,
     eval_per_class: int,
@@ -323,11 +160,10 @@ def _build(
         out,
         split["x_train"],
         split["y_train"],
-        minutes,
+        steps,
         resolution,
         seed,
         resume,
-        max_steps,
         **(train_options or {}),
     )
     pipe = ClassConditionalPipeline(unet=unet, scheduler=training_scheduler())
@@ -380,14 +216,23 @@ def sample_digits(
 
 
 @register_model("digits", sizes=tuple(SIZES))
-def build_digits(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
-    """Zoo builder: ``test`` is a ~1.5 minute build, ``bench`` the full one (<= 12 min of training)."""
+def build_digits(out_dir: Path, size: str = "bench", seed: int = 0, retrain: bool = False) -> None:
+    """Zoo builder: ``bench`` (seed 0) copies the shipped, hash-checked model instantly; ``test`` trains
+    200 steps (about a minute); ``retrain=True`` or another seed trains (``bench``: 3000 steps, ~15-25 min).
+
+    Example::
+
+        build_digits(Path("/tmp/digits"), size="bench")   # the shipped reference, in well under a second
+    """
     if size not in SIZES:
         raise ValueError(f"digits has no size {size!r}; allowed: {', '.join(SIZES)}")
+    if size == "bench" and seed == 0 and not retrain:
+        install_digits(out_dir)
+        return
     build_reference(out_dir, seed=seed, **SIZES[size])
 
 
 __all__ = [
-    "RESOLUTIONS", "NULL_CLASS", "NUM_CLASSES", "digits_split", "reference_unet", "training_scheduler",
-    "train_unet", "build_reference", "sample_digits", "build_digits",
+    "RESOLUTIONS", "BENCH_STEPS", "SIZES", "NULL_CLASS", "NUM_CLASSES", "digits_split", "reference_unet",
+    "training_scheduler", "train_unet", "build_reference", "sample_digits", "build_digits",
 ]  # fmt: skip

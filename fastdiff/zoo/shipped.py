@@ -1,0 +1,163 @@
+"""The digits reference model shipped with the package, checked by sha256 before every use.
+
+``fastdiff/zoo/data/digits/`` holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
+(the pipeline with its fp32 safetensors weights, the evaluation classifier, the train/test split, the build's
+report and training log). ``install_digits`` copies it into a build directory in well under a second,
+after checking every file's size and sha256 against the table below: a corrupted, truncated or missing file
+raises ``ShippedModelError`` naming the file and the command that rebuilds the model, never wrong numbers.
+
+Example::
+
+    from fastdiff.zoo.shipped import install_digits
+    from fastdiff import FastPipeline
+
+    path = install_digits("/tmp/digits")            # what `fastdiff zoo build digits DIR --size bench` does
+    fp = FastPipeline.from_pretrained(path, accelerators="scheduler(name=dpm++2m,steps=20)")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "digits"
+BUILD_COMMAND = "fastdiff reference build DIR --steps 3000 --seed 0"
+REBUILD_HINT = (
+    f"reinstall fastdiff, or train the model yourself with `{BUILD_COMMAND}` (about 15-25 minutes on 2 CPU "
+    "cores) and pass DIR as the model, or run `fastdiff demo --retrain`"
+)
+
+# relative path -> (size in bytes, sha256) of every shipped file; regenerate with `shipped_table(DATA_DIR)`
+SHIPPED: dict[str, tuple[int, str]] = {
+    "model_index.json": (193, "1e0f2d63cb39f732fd359962be4d64ebdd1b9092a6e861cca4460715aa256104"),
+    "scheduler/scheduler_config.json": (
+        498,
+        "f0e546991502b755bf998b43b027a19a8419e0a95206f954b236e58d738817e8",
+    ),
+    "unet/config.json": (980, "c33fd7f87329f78112b6ee792eed92deb6f87641d7f0f3bb867c21c35197ddb7"),
+    "unet/diffusion_pytorch_model.safetensors": (
+        4679708,
+        "b911b07afb19fa165ce2676e386deda7356960b56dd4cf627c91d28072e65dbf",
+    ),
+    "eval/classifier.pt": (803815, "4885c1ce0a300088b5993d71694f62bbed3b0cf19460c7ea9268c3e23998a36b"),
+    "eval/split.npz": (1035231, "e20b0c4606835061e92d40eb0bc1cb826fd6a26099d8171216ab2e1c3ee8436f"),
+    "eval/report.json": (511, "73280f103dcc815b0fec48c835e8988a3aff5df0b7493106594d843507223e65"),
+    "train_log.jsonl": (15565, "3fb137fcfd204efd8ba23e24c360dee0deac8b7f4676de5b1fafe5d66d55318e"),
+}
+
+
+class ShippedModelError(ValueError):
+    """A shipped (or installed) reference file is missing, truncated or corrupt."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes.
+
+    Example::
+
+        file_sha256(DATA_DIR / "model_index.json")
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shipped_table(directory: str | Path) -> dict[str, tuple[int, str]]:
+    """(size, sha256) of every shipped file as found in ``directory``: the source of ``SHIPPED``.
+
+    Example::
+
+        assert shipped_table(DATA_DIR) == SHIPPED
+    """
+    directory = Path(directory)
+    return {name: ((directory / name).stat().st_size, file_sha256(directory / name)) for name in SHIPPED}
+
+
+def check_file(path: Path, name: str) -> None:
+    """Raise ``ShippedModelError`` unless ``path`` has the size and sha256 recorded for ``name``."""
+    size, sha = SHIPPED[name]
+    if not path.is_file():
+        raise ShippedModelError(f"digits reference file {path} is missing; {REBUILD_HINT}")
+    actual_size = path.stat().st_size
+    if actual_size != size:
+        raise ShippedModelError(
+            f"digits reference file {path} is truncated or corrupt ({actual_size} bytes, expected {size}); "
+            f"{REBUILD_HINT}"
+        )
+    actual = file_sha256(path)
+    if actual != sha:
+        raise ShippedModelError(
+            f"digits reference file {path} is corrupt (sha256 {actual[:16]}..., expected {sha[:16]}...); "
+            f"{REBUILD_HINT}"
+        )
+
+
+def verify_digits(directory: str | Path) -> Path:
+    """Check every shipped file under ``directory`` (a data folder or an installed build) by size and sha256.
+
+    Example::
+
+        verify_digits(DATA_DIR)   # raises ShippedModelError on the first bad file
+    """
+    directory = Path(directory)
+    for name in SHIPPED:
+        check_file(directory / name, name)
+    return directory
+
+
+def is_installed(directory: str | Path) -> bool:
+    """Whether ``directory`` holds exactly the shipped files (a stale or damaged copy gives False)."""
+    try:
+        verify_digits(directory)
+    except ShippedModelError:
+        return False
+    return True
+
+
+def install_digits(out_dir: str | Path, source: str | Path = DATA_DIR) -> Path:
+    """Copy the shipped digits reference from ``source`` into ``out_dir``, checked before and after copying.
+
+    Files of an earlier build in ``out_dir`` (a checkpoint, logs) are left alone; the shipped ones replace
+    theirs atomically (temp file then ``os.replace``).
+
+    Example::
+
+        install_digits("/tmp/digits")
+    """
+    source, out = Path(source), Path(out_dir)
+    if not SHIPPED:
+        raise ShippedModelError(f"this fastdiff has no shipped digits model; {REBUILD_HINT}")
+    verify_digits(source)
+    for name in SHIPPED:
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copyfile(source / name, tmp)
+        os.replace(tmp, target)
+        check_file(target, name)
+    return out
+
+
+def ensure_digits(directory: str | Path) -> Path:
+    """A digits build at ``directory``: one already there is kept (it may be your own retrained build);
+    otherwise the shipped model is installed there (hash-checked). For scripts with a default model path.
+
+    Example::
+
+        model = ensure_digits(".fastdiff-cache/digits")
+    """
+    directory = Path(directory)
+    if (directory / "model_index.json").is_file():
+        return directory
+    print(f"installing the shipped digits reference model (sha256-checked) into {directory}")
+    return install_digits(directory)
+
+
+__all__ = [
+    "DATA_DIR", "BUILD_COMMAND", "SHIPPED", "ShippedModelError", "file_sha256", "shipped_table", "check_file",
+    "verify_digits", "is_installed", "install_digits", "ensure_digits",
+]  # fmt: skip
