@@ -155,7 +155,7 @@ class BlockCache(Accelerator):
     kind = "cache"
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
     exclusive = frozenset({"denoiser.blocks"})
-    conflicts_with = frozenset({"forecast"})
+    conflicts_with = frozenset({"forecast", "experts"})
 
     def validate(self) -> None:
         if self.mode not in ("first-block", "interval"):

@@ -308,7 +308,7 @@ class DeepCache(Accelerator):
     kind = "cache"
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
     exclusive = frozenset({"denoiser.blocks"})
-    conflicts_with = frozenset({"forecast"})
+    conflicts_with = frozenset({"forecast", "experts"})
 
     def validate(self) -> None:
         if self.interval < 1:

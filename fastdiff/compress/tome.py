@@ -276,6 +276,7 @@ class ToMe(Accelerator):
     spec_name = "tome"
     kind = "attention"
     touches = frozenset({"denoiser.attention"})
+    conflicts_with = frozenset({"experts"})  # its hooks sit inside one model; experts route around it
 
     def validate(self) -> None:
         if self.sx < 1 or self.sy < 1 or self.sx * self.sy < 2:

@@ -56,6 +56,7 @@ MATRIX_SPECS = {
     "fuse": "fuse",
     "attention": "attention(backend=math)",
     "compile": "compile(backend=eager)",
+    "experts": "experts(models=self|self,boundaries=0.5)",
 }
 # Declared touches that change a module itself, so pipelines sharing it see the change too.
 MODULE_LEVEL = frozenset(
