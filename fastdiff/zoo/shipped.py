@@ -78,7 +78,12 @@ def shipped_table(directory: str | Path) -> dict[str, tuple[int, str]]:
 
 
 def check_file(path: Path, name: str) -> None:
-    """Raise ``ShippedModelError`` unless ``path`` has the size and sha256 recorded for ``name``."""
+    """Raise ``ShippedModelError`` unless ``path`` has the size and sha256 recorded for ``name``.
+
+    Example::
+
+        check_file(DATA_DIR / "eval" / "classifier.pt", "eval/classifier.pt")
+    """
     size, sha = SHIPPED[name]
     if not path.is_file():
         raise ShippedModelError(f"digits reference file {path} is missing; {REBUILD_HINT}")
@@ -110,7 +115,13 @@ def verify_digits(directory: str | Path) -> Path:
 
 
 def is_installed(directory: str | Path) -> bool:
-    """Whether ``directory`` holds exactly the shipped files (a stale or damaged copy gives False)."""
+    """Whether ``directory`` holds exactly the shipped files (a stale or damaged copy gives False).
+
+    Example::
+
+        if not is_installed("/tmp/digits"):
+            install_digits("/tmp/digits")
+    """
     try:
         verify_digits(directory)
     except ShippedModelError:
