@@ -5,8 +5,9 @@ match the teacher's predictions (MSE between outputs, plus ``gt_weight`` times t
 the ground truth) on noised training samples: the model's own training images when ``data`` gives them (the
 digits reference: its training split), otherwise noised random samples of the right shape with the
 pipeline's own conditioning (captured from a one-step call). Noise follows the pipeline's training schedule
-(``DDPMScheduler.from_config`` of its scheduler). It uses ``accelerate.Accelerator``, shows a tqdm bar, writes
-an atomic checkpoint (``recover-checkpoint.pt``) every ``save_every`` steps and resumes from it.
+(``DDPMScheduler.from_config`` of its scheduler). It trains with the shared loop ``fastdiff.train.loop.train``
+(accelerate, a tqdm bar, an atomic checkpoint ``recover-checkpoint.pt`` every ``save_every`` steps that
+``resume`` continues, a loss log ``recover-loss.csv``).
 
 ``compress_model(model_dir, out_dir, specs, recover_steps)`` loads the pipeline, applies the weight-changing
 accelerators, recovers and saves a diffusers directory: pruned UNets are saved with their new config (they load
@@ -27,139 +28,27 @@ Example::
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
-from diffusers.hooks import ModelHook
+
+# Re-exported: prune, lowrank, onnx_export and the benchmarks import these from here.
+from fastdiff.train.inputs import (  # noqa: F401
+    as_fastpipeline,
+    capture_inputs,
+    denoiser_output,
+    noised_inputs,
+    sample_key,
+    to_device,
+    training_data,
+)
+from fastdiff.train.loop import train
 
 MANIFEST = "fastdiff_compress.json"
 CHECKPOINT = "recover-checkpoint.pt"
 RANKS = "lowrank_ranks.json"
-
-
-def denoiser_output(module, inputs: dict) -> torch.Tensor:
-    # The class forward: training and tracing must not run the wrapper's step-counting hooks.
-    return type(module).forward(module, **inputs, return_dict=False)[0]
-
-
-def sample_key(inputs: dict) -> str:
-    """The name of the noisy-sample argument (``sample`` for UNets, ``hidden_states`` for transformers)."""
-    return next(k for k in inputs if k in ("sample", "hidden_states"))
-
-
-class _Captured(Exception):
-    def __init__(self, inputs: dict):
-        super().__init__("captured")
-        self.inputs = inputs
-
-
-class _CaptureHook(ModelHook):
-    """Records the named inputs of the first denoiser call and stops the pipeline there."""
-
-    def new_forward(self, module, *args, **kwargs):
-        import inspect
-
-        bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs)
-        named = {k: v for k, v in bound.arguments.items() if k not in ("self", "return_dict")}
-        named.update(named.pop("kwargs", {}))
-        raise _Captured(_detach(named))
-
-
-def _detach(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    return value
-
-
-def capture_inputs(fp, batch: int = 2, seed: int = 0) -> dict:
-    """The named inputs (sample, timestep, conditioning) of the first denoiser call of a real pipeline call."""
-    from fastdiff.core.hooks import install_hook
-    from fastdiff.eval.bench import make_inputs
-
-    handle = install_hook(fp.denoiser, _CaptureHook(), "fastdiff.capture")
-    bar_config = getattr(fp.pipe, "_progress_bar_config", None)
-    fp.pipe.set_progress_bar_config(disable=True)
-    try:
-        fp(**make_inputs(fp.pipe, batch), num_inference_steps=4, output_type="np",  # img2img runs 4 x strength
-           generator=torch.Generator().manual_seed(seed))  # fmt: skip
-    except _Captured as captured:
-        inputs = captured.inputs
-    else:
-        raise RuntimeError(f"{type(fp.pipe).__name__} finished without calling its denoiser")
-    finally:
-        handle.remove()
-        if bar_config is None:
-            del fp.pipe._progress_bar_config
-        else:
-            fp.pipe._progress_bar_config = bar_config
-    if not isinstance(inputs.get("timestep"), torch.Tensor):
-        inputs["timestep"] = torch.tensor(inputs["timestep"])
-    return inputs
-
-
-def noised_inputs(scheduler_config, inputs: dict, x0=None, labels=None, generator=None):
-    """(inputs with ``sample`` = x0 noised at random training timesteps, the training target).
-
-    ``x0`` defaults to random samples of the captured sample's shape (scale 0.5); ``labels`` replace
-    ``class_labels``. The target follows the scheduler's ``prediction_type`` (epsilon, v_prediction, sample).
-    """
-    from diffusers import DDPMScheduler
-
-    noise_schedule = DDPMScheduler.from_config(scheduler_config)
-    key = sample_key(inputs)
-    shape = inputs[key].shape
-    if x0 is None:
-        x0 = 0.5 * torch.randn(shape, generator=generator)
-    noise = torch.randn(x0.shape, generator=generator)
-    t = torch.randint(0, noise_schedule.config.num_train_timesteps, (x0.shape[0],), generator=generator)
-    out = dict(inputs, timestep=t)
-    out[key] = noise_schedule.add_noise(x0, noise, t)
-    if labels is not None:
-        out["class_labels"] = labels
-    kind = noise_schedule.config.prediction_type
-    target = {"epsilon": noise, "sample": x0}.get(kind)
-    if target is None:
-        target = noise_schedule.get_velocity(x0, noise, t)
-    return out, target
-
-
-def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
-
-
-def _as_fastpipeline(pipe):
-    from fastdiff.core.pipeline import FastPipeline
-
-    if isinstance(pipe, FastPipeline):
-        return pipe
-    wrapper = getattr(pipe, "_fastdiff_wrapper", lambda: None)()
-    return wrapper if wrapper is not None else FastPipeline(pipe)
-
-
-def training_data(model_dir) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(images in model space, labels) of the model's training split, or None for models without data.
-
-    A digits reference directory keeps its split in ``eval/split.npz`` (images in [0, 1]; the model
-    works in [-1, 1]).
-    """
-    import numpy as np
-
-    path = Path(model_dir) / "eval" / "split.npz"
-    if not path.is_file():
-        return None
-    with np.load(path) as split:
-        images = torch.as_tensor(split["x_train"], dtype=torch.float32) * 2 - 1
-        return images, torch.as_tensor(split["y_train"], dtype=torch.long)
 
 
 def recover(
@@ -185,14 +74,11 @@ def recover(
     labels become the null class, as in classifier-free guidance training. ``stop_after`` ends this call after
     that many steps (checkpointed): a time-boxed run that a later call with ``resume=True`` continues.
     """
-    from accelerate import Accelerator
-    from tqdm.auto import tqdm
-
     from fastdiff.core.models import pipeline_facts
 
     if steps < 0 or batch <= 0 or lr <= 0:
         raise ValueError(f"recover: need steps >= 0, batch > 0, lr > 0; got {steps}, {batch}, {lr}")
-    student_fp, teacher_fp = _as_fastpipeline(student), _as_fastpipeline(teacher)
+    student_fp, teacher_fp = as_fastpipeline(student), as_fastpipeline(teacher)
     if isinstance(data, (str, os.PathLike)):
         data = training_data(data)
     x0_all, labels_all = data if data is not None else (None, None)
@@ -203,33 +89,9 @@ def recover(
     if x0_all is not None:
         conditioning.pop("class_labels", None)
         conditioning[sample_key(conditioning)] = x0_all[:batch]
+    teacher_model, scheduler_config = teacher_fp.denoiser, teacher_fp.pipe.scheduler.config
 
-    accelerator = Accelerator()
-    model, teacher_model = student_fp.denoiser, teacher_fp.denoiser.to(accelerator.device).eval()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    cosine = lambda i: 0.5 * (1 + math.cos(math.pi * min(i / max(steps, 1), 1.0)))  # noqa: E731
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
-    model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
-    net = accelerator.unwrap_model(model)
-    ckpt = Path(out_dir) / CHECKPOINT if out_dir else None
-    start, losses = 0, []
-    if ckpt is not None and resume and ckpt.is_file():
-        state = torch.load(ckpt, map_location=accelerator.device, weights_only=False)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start, losses = state["step"], state["losses"]
-    # Eval mode while training: the teacher runs in eval mode, and train-mode extras (DiT's LabelEmbedding drops
-    # labels with the global RNG) would give the student other inputs than the teacher and break exact resume.
-    net.eval()
-    started = time.perf_counter()
-    end = steps if stop_after is None else min(steps, start + stop_after)
-    bar = tqdm(
-        range(start, end), desc="recover", unit="step", disable=not progress, initial=start, total=steps
-    )
-    for step in bar:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # per-step seed: resume replays exactly
+    def loss_fn(net, g, device):
         x0 = labels = None
         if x0_all is not None:
             idx = torch.randint(0, x0_all.shape[0], (batch,), generator=g)
@@ -238,42 +100,19 @@ def recover(
                 labels = labels_all[idx].clone()
                 if null_class is not None:
                     labels[torch.rand(batch, generator=g) < null_prob] = null_class
-        inputs, target = noised_inputs(teacher_fp.pipe.scheduler.config, conditioning, x0, labels, g)
-        inputs, target = _to(inputs, accelerator.device), target.to(accelerator.device)
+        inputs, target = noised_inputs(scheduler_config, conditioning, x0, labels, g)
+        inputs, target = to_device(inputs, device), target.to(device)
         with torch.no_grad():
             want = denoiser_output(teacher_model, inputs)
         got = denoiser_output(net, inputs)
         loss = torch.nn.functional.mse_loss(got, want)
         if gt_weight:
             loss = loss + gt_weight * torch.nn.functional.mse_loss(got[:, : target.shape[1]], target)
-        accelerator.backward(loss)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4g}")
-        done = step + 1
-        if ckpt is not None and (done % save_every == 0 or done == end):
-            _atomic_save(ckpt, {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                                "schedule": schedule.state_dict(), "step": done, "losses": losses})  # fmt: skip
-    bar.close()
-    net.eval()
-    window = max(1, min(10, len(losses) // 4))
-    return {
-        "steps": end,
-        "resumed_from": start,
-        "device": str(accelerator.device),
-        "seconds": time.perf_counter() - started,
-        "loss_first": sum(losses[:window]) / window if losses else None,
-        "loss_last": sum(losses[-window:]) / window if losses else None,
-    }
+        return loss
 
-
-def _atomic_save(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # readers see the old or the new checkpoint, never half of one
+    return train(student_fp.denoiser, loss_fn, steps, lr=lr, out_dir=out_dir, resume=resume, save_every=save_every,
+                 seed=seed, progress=progress, stop_after=stop_after, frozen=(teacher_model,),
+                 checkpoint=CHECKPOINT, log_name="recover-loss.csv", desc="recover")  # fmt: skip
 
 
 def compress_model(

@@ -1,0 +1,1 @@
+"""Shared training: the accelerate loop (``fastdiff.train.loop``) and pipeline inputs (``fastdiff.train.inputs``)."""
