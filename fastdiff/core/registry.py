@@ -88,7 +88,13 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
     return cls
 
 
-FAMILIES = ("fastdiff.schedulers", "fastdiff.cache", "fastdiff.guidance", "fastdiff.compress")
+FAMILIES = (
+    "fastdiff.schedulers",
+    "fastdiff.cache",
+    "fastdiff.guidance",
+    "fastdiff.compress",
+    "fastdiff.distill",
+)
 
 
 def _load_accelerators() -> None:
