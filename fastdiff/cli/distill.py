@@ -1,0 +1,106 @@
+"""``fastdiff distill progressive|consistency``: students that sample in 1-8 steps.
+
+Examples::
+
+    fastdiff distill progressive TEACHER OUT --from 32 --to 1 --steps-per-round 1000
+    fastdiff distill consistency TEACHER OUT --skip 20 --guidance-range 2
+    fastdiff distill consistency TEACHER OUT --lora 16        # OUT: adapter for lcm-lora(path=OUT)
+
+Stand-alone: ``python -m fastdiff.cli.distill distill progressive ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def _teacher(args) -> Path:
+    from fastdiff.cli.main import resolve_model
+
+    return resolve_model(args.teacher, args.size)
+
+
+def cmd_progressive(args) -> None:
+    from fastdiff.distill.progressive import progressive
+
+    report = progressive(_teacher(args), args.out, start=args.start, end=args.end,
+                         steps_per_round=args.steps_per_round, batch=args.batch, lr=args.lr,
+                         guidance=args.guidance, resume=args.resume, seed=args.seed, save_every=args.save_every,
+                         accumulate=args.accumulate, gradient_checkpointing=args.gradient_checkpointing)  # fmt: skip
+    print(json.dumps(report, indent=2, default=str))
+    print(f"students in {args.out}/steps-N; load one with fastdiff.distill.common.load_student(DIR)")
+
+
+def cmd_consistency(args) -> None:
+    from fastdiff.distill.consistency import consistency
+
+    report = consistency(_teacher(args), args.out, lora=args.lora, guidance_range=args.guidance_range,
+                         skip=args.skip, train_steps=args.train_steps, batch=args.batch, lr=args.lr,
+                         loss=args.loss, ema_decay=args.ema_decay, sample_steps=args.sample_steps,
+                         resume=args.resume, seed=args.seed, save_every=args.save_every, accumulate=args.accumulate,
+                         gradient_checkpointing=args.gradient_checkpointing)  # fmt: skip
+    print(json.dumps(report, indent=2, default=str))
+    if args.lora:
+        print(f"adapter in {args.out}; apply it with lcm-lora(path={Path(args.out).resolve()})")
+
+
+def _common(p) -> None:
+    p.add_argument("teacher", help="pipeline directory (UNet2DModel / UNet2DConditionModel) or zoo name")
+    p.add_argument("out", help="output directory (must not exist, unless --resume of the same command)")
+    p.add_argument(
+        "--size", default="bench", choices=["test", "bench"], help="zoo size when TEACHER is a name"
+    )
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
+    p.add_argument("--accumulate", type=int, default=1, help="gradient accumulation micro-batches")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue an earlier run of this command in OUT")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add ``distill progressive`` and ``distill consistency`` to the ``fastdiff`` subcommands."""
+    distill = subparsers.add_parser("distill", help="train few-step students (progressive, consistency/LCM)")
+    sub = distill.add_subparsers(dest="method", required=True)
+    prog = sub.add_parser("progressive", help="halve DDIM steps per round (Salimans & Ho 2022)")
+    _common(prog)
+    prog.add_argument(
+        "--from", dest="start", type=int, default=32, help="teacher's DDIM steps (power of two)"
+    )
+    prog.add_argument("--to", dest="end", type=int, default=1, help="last student's steps (power of two)")
+    prog.add_argument("--steps-per-round", type=int, default=1000, help="optimizer steps per halving")
+    prog.add_argument(
+        "--guidance", type=float, default=None, help="guidance scale baked in (default 1: none)"
+    )
+    prog.set_defaults(func=cmd_progressive)
+    cons = sub.add_parser("consistency", help="latent consistency distillation (LCM), full or LoRA")
+    _common(cons)
+    cons.add_argument("--lora", type=int, default=None, metavar="RANK", help="train a LoRA of this rank")
+    cons.add_argument("--guidance-range", default=None, help="'a,b' (w-embedding) or 'a' (baked in)")
+    cons.add_argument("--skip", type=int, default=20, help="teacher's DDIM skipping step K (timesteps nK-1)")
+    cons.add_argument("--train-steps", type=int, default=1000)
+    cons.add_argument("--loss", default="huber", choices=["huber", "l2"])
+    cons.add_argument("--ema-decay", type=float, default=0.95)
+    cons.add_argument("--sample-steps", type=int, default=4, help="default LCM steps of the saved student")
+    cons.set_defaults(func=cmd_consistency)
+    return distill
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Stand-alone entry (``python -m fastdiff.cli.distill distill ...``)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="fastdiff")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+if __name__ == "__main__":
+    main()

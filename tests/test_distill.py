@@ -1,0 +1,130 @@
+"""fastdiff distill: progressive and consistency (full, LoRA) students load and sample; bad input; lcm-lora."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.cli.distill import main
+from fastdiff.distill.common import MANIFEST, load_student
+from fastdiff.zoo import build
+
+FAST = ["--batch", "2", "--save-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("teachers")
+    return {name: build(name, root / name, size="test") for name in ("tiny-ddpm", "tiny-sd", "tiny-dit")}
+
+
+def _sample(fp, **kwargs):
+    fp.pipe.set_progress_bar_config(disable=True)
+    out = fp(output_type="np", generator=torch.Generator().manual_seed(0), **kwargs)
+    assert np.isfinite(out.images).all()
+    return out.images
+
+
+def test_progressive_rounds_load_and_sample_in_their_step_count(models, tmp_path):
+    out = tmp_path / "prog"
+    main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
+          "--steps-per-round", "2", *FAST])  # fmt: skip
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["steps-1", "steps-2"]
+    for n in (2, 1):
+        fp = load_student(out / f"steps-{n}")
+        config = fp.pipe.scheduler.config
+        assert config.prediction_type == "v_prediction" and config.timestep_spacing == "trailing"
+        _sample(fp, batch_size=2)
+        assert fp.context.nfe == n
+        assert (out / f"steps-{n}" / "loss.csv").is_file()
+    assert json.loads((out / MANIFEST).read_text())["done"]
+    with pytest.raises(
+        SystemExit, match="--resume"
+    ):  # an earlier run of the same command: only with --resume
+        main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
+              "--steps-per-round", "2", *FAST])  # fmt: skip
+    main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
+          "--steps-per-round", "2", *FAST, "--resume"])  # fmt: skip
+
+
+def test_progressive_on_the_digits_reference_bakes_guidance_in(tmp_path):
+    teacher = build("digits", tmp_path / "digits", size="bench")
+    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "2", "--to", "1",
+          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    student = tmp_path / "prog" / "steps-1"
+    assert (student / "eval").is_dir()  # bench scores it with the reference's classifier
+    info = json.loads((student / MANIFEST).read_text())
+    assert info["guidance_baked_in"] == 2.0 and info["sample_with"]["guidance_scale"] == 1.0
+    fp = load_student(student)
+    assert _sample(fp, class_labels=[3, 7], guidance_scale=1.0).shape[0] == 2 and fp.context.nfe == 1
+
+
+def test_consistency_full_student_with_w_embedding(models, tmp_path):
+    out = tmp_path / "lcm"
+    main(["distill", "consistency", str(models["tiny-sd"]), str(out), "--guidance-range", "2,4",
+          "--train-steps", "2", "--skip", "100", *FAST])  # fmt: skip
+    fp = load_student(out)
+    assert fp.denoiser.config.time_cond_proj_dim == 256
+    assert type(fp.pipe.scheduler).__name__ == "LCMScheduler"
+    assert fp.pipe.scheduler.config.original_inference_steps == 10
+    _sample(fp, prompt=["a red circle"], guidance_scale=3.0)
+    assert fp.context.nfe == 4  # one batch per step: the guidance is in the embedding
+
+
+def test_consistency_lora_and_lcm_lora_apply_remove_bit_identical(models, tmp_path):
+    out = tmp_path / "lora"
+    main(["distill", "consistency", str(models["tiny-ddpm"]), str(out), "--lora", "2", "--train-steps", "2",
+          *FAST])  # fmt: skip
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert not (out / "model_index.json").exists()
+    fp = FastPipeline.from_pretrained(models["tiny-ddpm"])
+    kwargs = {"batch_size": 2, "num_inference_steps": 3}
+    before = _sample(fp, **kwargs)
+    params = sum(p.numel() for p in fp.denoiser.parameters())
+    handle = fp.accelerate(f"lcm-lora(path={out})")
+    lora = sum(p.numel() for n, p in fp.denoiser.named_parameters() if "lora_" in n)
+    assert 0 < lora < 0.1 * params
+    _sample(fp, batch_size=2)
+    assert fp.context.nfe == 4 and type(fp.pipe.scheduler).__name__ == "LCMScheduler"
+    with pytest.raises(AcceleratorError, match="conflicts"):
+        fp.accelerate("scheduler(name=ddim,steps=4)")
+    handle.remove()
+    assert np.array_equal(_sample(fp, **kwargs), before)
+    assert not any("lora_" in n for n, _ in fp.denoiser.named_parameters())
+    with pytest.raises(AcceleratorError, match="adapter"):
+        fp.accelerate(f"lcm-lora(path={tmp_path})")
+    other = FastPipeline.from_pretrained(models["tiny-sd"])  # an adapter of another model does not fit
+    with pytest.raises(AcceleratorError):
+        other.accelerate(f"lcm-lora(path={out})")
+    assert not any("lora_" in n for n, _ in other.denoiser.named_parameters())
+
+
+def test_bad_input_is_refused_and_writes_nothing(models, tmp_path):
+    ddpm = str(models["tiny-ddpm"])
+    cases = [
+        (["progressive", str(models["tiny-dit"]), "OUT"], "UNet2DModel or UNet2DConditionModel"),
+        (["progressive", str(tmp_path), "OUT"], "model_index.json"),
+        (["progressive", ddpm, "OUT", "--from", "6"], "power of two"),
+        (["progressive", ddpm, "OUT", "--from", "2", "--to", "4"], "above"),
+        (["progressive", ddpm, "OUT", "--from", "4", "--to", "3"], "power of two"),
+        (["consistency", ddpm, "OUT", "--guidance-range", "1,3"], "w-embedding"),
+        (["consistency", ddpm, "OUT", "--guidance-range", "3,2"], "guidance range"),
+        (["consistency", ddpm, "OUT", "--skip", "0"], "--skip"),
+        (["consistency", ddpm, "OUT", "--lora", "0"], "RANK"),
+    ]
+    for args, message in cases:
+        args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+        with pytest.raises(SystemExit, match=message):
+            main(["distill", *args, *FAST])
+        assert not (tmp_path / "out").exists(), args
+    other = tmp_path / "taken"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    for resume in ([], ["--resume"]):
+        with pytest.raises(SystemExit, match="not an earlier run"):
+            main(["distill", "progressive", ddpm, str(other), "--from", "2", *FAST, *resume])
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
