@@ -1,0 +1,78 @@
+"""``fastdiff tune-schedule``: tune the timesteps of a sampler for a model and write them as JSON.
+
+Example::
+
+    fastdiff tune-schedule gmm --sampler dpm++2m --nfe 6 --out schedule.json --seeds 4
+    fastdiff bench gmm --config tuned="scheduler(name=dpm++2m);schedule(path=schedule.json)"
+
+Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``tune-schedule`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
+    from fastdiff.schedulers.tuned import TUNABLE
+
+    p = subparsers.add_parser(
+        "tune-schedule", help="choose the timesteps of a sampler that come closest to the exact answer"
+    )
+    p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
+    p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
+    p.add_argument("--sampler", required=True, choices=TUNABLE, help="sampler preset to tune")
+    p.add_argument("--nfe", type=int, required=True, help="denoiser calls (= steps for these samplers)")
+    p.add_argument("--out", required=True, help="write the schedule JSON here")
+    p.add_argument("--seeds", type=int, default=4, help="calibration seeds (1000, 1001, ...); default 4")
+    p.add_argument("--batch", type=int, default=None, help="images per seed (default: the bench batch)")
+    p.add_argument("--max-evals", type=int, default=1500, help="objective evaluations; default 1500")
+    p.add_argument("--starts", type=int, default=3, help="searches from the best N standard spacings")
+    p.add_argument(
+        "--reference-steps", type=int, default=100, help="steps of the reference run (not on the exact model)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> dict:
+    """Tune, write ``args.out``, print the objective log; returns the written schedule as a dict."""
+    import torch
+
+    from fastdiff.cli.main import resolve_model
+    from fastdiff.core.pipeline import FastPipeline
+    from fastdiff.schedulers.tuning import tune
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pipe = FastPipeline.from_pretrained(resolve_model(args.model, args.size)).unwrap()
+    tuned = tune(
+        pipe,
+        args.sampler,
+        args.nfe,
+        seeds=args.seeds,
+        batch=args.batch,
+        reference_steps=args.reference_steps,
+        max_evals=args.max_evals,
+        starts=args.starts,
+        progress=not args.quiet,
+    )
+    tuned.save(args.out)
+    o = tuned.objective
+    print(f"reference: {o['reference']}; seeds {o['seeds']} x {o['batch']} samples", file=sys.stderr)
+    for name, value in sorted(o["candidates"].items(), key=lambda kv: kv[1]):
+        print(f"  {name:10s} {value:.4f}", file=sys.stderr)
+    print("objective log (evaluations, best):", file=sys.stderr)
+    for evals, value in tuned.log:
+        print(f"  {evals:5d} {value:.4f}", file=sys.stderr)
+    start = o["start"]
+    gain = 1 - o["tuned"] / start["value"] if start["value"] else 0.0
+    print(
+        f"{args.sampler} NFE {args.nfe}: {start['spacing']} {start['value']:.4f} -> tuned {o['tuned']:.4f} "
+        f"({gain:.0%} lower, {o['evaluations']} evaluations); timesteps {tuned.timesteps} -> {args.out}"
+    )
+    return vars(tuned)
