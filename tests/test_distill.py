@@ -41,6 +41,10 @@ def test_progressive_rounds_load_and_sample_in_their_step_count(models, tmp_path
         _sample(fp, batch_size=2)
         assert fp.context.nfe == n
         assert (out / f"steps-{n}" / "loss.csv").is_file()
+        plain = FastPipeline.from_pretrained(out / f"steps-{n}")  # no argument: the recorded step count
+        plain.set_progress_bar_config(disable=True)
+        plain(batch_size=1, output_type="np")
+        assert plain.context.nfe == n
     assert json.loads((out / MANIFEST).read_text())["done"]
     with pytest.raises(
         SystemExit, match="--resume"

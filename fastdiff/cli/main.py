@@ -12,6 +12,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -276,7 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quick", action="store_true", help="200-step reference model (for smoke tests)")
     demo.set_defaults(func=cmd_demo)
+    for name in COMMAND_MODULES:  # commands defined beside their subsystem: each module registers its own
+        importlib.import_module(f"fastdiff.cli.{name}").register(sub)
     return parser
+
+
+COMMAND_MODULES = ("distill",)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import weakref
 from pathlib import Path
@@ -99,6 +100,9 @@ class FastPipeline:
                 )
         pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
         _own_weights(pipe)
+        manifest = path / "fastdiff_distill.json"  # a distilled student records the sampler it was made for
+        if accelerators is None and looks_local and manifest.is_file():
+            accelerators = json.loads(manifest.read_text()).get("load_accelerators") or None
         return cls(pipe, accelerators=accelerators)
 
     @property

@@ -58,6 +58,11 @@ MATRIX_SPECS = {
     "compile": "compile(backend=eager)",
     "experts": "experts(models=self|self,boundaries=0.5)",
 }
+# Accelerators that need a file made for one model (a trained adapter, a tuned schedule, a trained classifier):
+# no one setting applies to every variant, so their own tests cover apply/remove and refusal of other models.
+NEEDS_ARTIFACT = {
+    "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
+}
 # Declared touches that change a module itself, so pipelines sharing it see the change too.
 MODULE_LEVEL = frozenset(
     {
