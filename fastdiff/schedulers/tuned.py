@@ -210,7 +210,7 @@ class _UsedCheck(ModelHook):
 class Schedule(Accelerator):
     """Run the sampler on the timesteps of a ``fastdiff tune-schedule`` JSON file."""
 
-    path: str = ""
+    path: str  # required: a default instance would have nothing to apply
 
     spec_name = "schedule"
     kind = "sampler"
