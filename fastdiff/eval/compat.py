@@ -62,6 +62,7 @@ MATRIX_SPECS = {
 # no one setting applies to every variant, so their own tests cover apply/remove and refusal of other models.
 NEEDS_ARTIFACT = {
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
+    "schedule": "a schedule tuned for this model (fastdiff tune-schedule)",
 }
 # Declared touches that change a module itself, so pipelines sharing it see the change too.
 MODULE_LEVEL = frozenset(
