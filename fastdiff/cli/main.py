@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = ("distill",)
+COMMAND_MODULES = ("distill", "schedule")
 
 
 def main(argv: list[str] | None = None) -> None:
