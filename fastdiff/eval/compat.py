@@ -63,6 +63,7 @@ MATRIX_SPECS = {
 NEEDS_ARTIFACT = {
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
     "schedule": "a schedule tuned for this model (fastdiff tune-schedule)",
+    "classifier-guidance": "a noise-aware classifier trained for this model (fastdiff train-classifier)",
 }
 # Declared touches that change a module itself, so pipelines sharing it see the change too.
 MODULE_LEVEL = frozenset(
