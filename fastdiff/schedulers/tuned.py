@@ -49,17 +49,14 @@ ROUTES = {
     "DEISMultistepScheduler": "arrays",
 }
 TUNABLE = ("dpm++2m", "unipc", "deis", "euler")  # deterministic presets, one denoiser call per step
-# Scheduler config keys that fix the noise levels of timesteps: part of the model hash.
-NOISE_KEYS = (
-    "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type",
-    "rescale_betas_zero_snr",
-)  # fmt: skip
 
 
 def model_hash(pipe) -> str:
-    """16 hex digits of sha256 over the denoiser's class and config and the scheduler's noise schedule.
+    """16 hex digits of sha256 over the denoiser's class and config and the noise schedule it was trained on.
 
-    Weights are not hashed: a retrained model with the same config matches.
+    The noise schedule is the scheduler's float32 ``alphas_cumprod`` (identical for every preset made from the
+    model's config) and its prediction type. Weights are not hashed: a retrained model with the same config
+    matches.
 
     >>> from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline, default_scheduler
     >>> len(model_hash(GMMPipeline(GMMDenoiser(), default_scheduler())))
@@ -67,8 +64,10 @@ def model_hash(pipe) -> str:
     """
     _, denoiser = find_denoiser(pipe)
     config = {k: v for k, v in dict(denoiser.config).items() if not k.startswith("_")}
-    noise = {k: pipe.scheduler.config.get(k) for k in NOISE_KEYS}
-    blob = json.dumps([type(denoiser).__name__, config, noise], sort_keys=True, default=str)
+    scheduler = pipe.scheduler
+    noise = hashlib.sha256(scheduler.alphas_cumprod.float().cpu().numpy().tobytes()).hexdigest()
+    prediction = scheduler.config.get("prediction_type", "epsilon")
+    blob = json.dumps([type(denoiser).__name__, config, noise, prediction], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
