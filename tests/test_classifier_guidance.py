@@ -13,7 +13,7 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from helpers import call, tiny_pipe
 
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.cli.classifier_guidance import main as cli_main
+from fastdiff.cli.main import main as cli_main
 from fastdiff.guidance.classifier import NoiseSchedule
 from fastdiff.guidance.noisy_classifier import (
     NoisyClassifier,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.cli.distill import main
+from fastdiff.cli.main import main
 from fastdiff.distill.common import MANIFEST, load_student
 from fastdiff.zoo import build
 

@@ -9,14 +9,12 @@ Example::
 
     from fastdiff.cli.classifier_guidance import main
     main(["train-classifier", "/tmp/digits", "/tmp/digits/noisy_classifier.pt", "--steps", "3000"])
-    # or: python -m fastdiff.cli.classifier_guidance train-classifier /tmp/digits /tmp/clf.pt
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 
@@ -83,19 +81,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.set_defaults(func=cmd_train_classifier)
     return p
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Stand-alone entry (``python -m fastdiff.cli.classifier_guidance train-classifier ...``)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    parser = argparse.ArgumentParser(prog="fastdiff")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
-
-
-if __name__ == "__main__":
-    main()

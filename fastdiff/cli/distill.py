@@ -6,14 +6,13 @@ Examples::
     fastdiff distill consistency TEACHER OUT --skip 20 --guidance-range 2
     fastdiff distill consistency TEACHER OUT --lora 16        # OUT: adapter for lcm-lora(path=OUT)
 
-Stand-alone: ``python -m fastdiff.cli.distill distill progressive ...``.
+Registered in ``fastdiff/cli/main.py`` (``COMMAND_MODULES``): ``fastdiff distill progressive ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 
@@ -88,19 +87,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     cons.add_argument("--sample-steps", type=int, default=4, help="default LCM steps of the saved student")
     cons.set_defaults(func=cmd_consistency)
     return distill
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Stand-alone entry (``python -m fastdiff.cli.distill distill ...``)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    parser = argparse.ArgumentParser(prog="fastdiff")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
-
-
-if __name__ == "__main__":
-    main()
