@@ -7,7 +7,7 @@ MODEL's own scheduler. OUT receives the classifier; ``OUT.json`` its training re
 
 Example::
 
-    from fastdiff.cli.classifier_guidance import main
+    from fastdiff.cli.main import main
     main(["train-classifier", "/tmp/digits", "/tmp/digits/noisy_classifier.pt", "--steps", "3000"])
 """
 
