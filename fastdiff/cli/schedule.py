@@ -2,7 +2,7 @@
 
 Example::
 
-    fastdiff tune-schedule gmm --sampler dpm++2m --nfe 6 --out schedule.json --seeds 4
+    fastdiff tune-schedule gmm --sampler dpm++2m --nfe 6 --out schedule.json --seeds 8
     fastdiff bench gmm --config tuned="scheduler(name=dpm++2m);schedule(path=schedule.json)"
 
 Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
@@ -26,7 +26,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sampler", required=True, choices=TUNABLE, help="sampler preset to tune")
     p.add_argument("--nfe", type=int, required=True, help="denoiser calls (= steps for these samplers)")
     p.add_argument("--out", required=True, help="write the schedule JSON here")
-    p.add_argument("--seeds", type=int, default=4, help="calibration seeds (1000, 1001, ...); default 4")
+    p.add_argument("--seeds", type=int, default=8, help="calibration seeds (1000, 1001, ...); default 8")
     p.add_argument("--batch", type=int, default=None, help="images per seed (default: the bench batch)")
     p.add_argument("--max-evals", type=int, default=1500, help="objective evaluations; default 1500")
     p.add_argument("--starts", type=int, default=3, help="searches from the best N standard spacings")
