@@ -3,6 +3,7 @@
 Run (one thread, under the heavy-job lock; trains the noise-aware classifier first if it is absent)::
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/classifier_guidance.py
+    .venv/bin/python benchmarks/classifier_guidance.py --render benchmarks/results/classifier_guidance.json
 
 Model: ``.fastdiff-cache/digits`` (the shipped reference if absent); classifier: ``MODEL/noisy_classifier.pt``
 (``fastdiff train-classifier MODEL OUT`` defaults). Every call: 500 images (50 per class), DPM++ 2M, seed 0;
@@ -149,6 +150,28 @@ def _line(row: dict) -> str:
     return f"{row['name']:<28} steps {row['steps']:>3} g {row['guidance']:<4} {seconds:6.1f} s  {quality}"
 
 
+def render(result: dict) -> str:
+    """Markdown tables of a result JSON: sweep, overhead, equal compute (as in docs/classifier-guidance.md)."""
+    head = "| config | steps | CFG scale | accuracy | FD | wall s |\n|---|---|---|---|---|---|"
+
+    def row(r: dict) -> str:
+        seconds = r.get("seconds_median", r["seconds"])
+        return f"| {r['name']} | {r['steps']} | {r['guidance']:g} | {r['accuracy']:.1%} | {r['fd']:.2f} | {seconds:.1f} |"
+
+    lines = ["### Sweep", head, *map(row, result["sweep"]), "", "### Overhead (paired rounds)"]
+    lines += ["| guided config | unguided s | guided s | extra wall | extra CPU |", "|---|---|---|---|---|"]
+    for name, o in result["overhead"].items():
+        lines.append(f"| {name} | {o['unguided_seconds']:.1f} | {o['guided_seconds']:.1f} | "
+                     f"{o['extra_wall']:+.1%} | {o['extra_cpu']:+.1%} |")  # fmt: skip
+    lines += [
+        "",
+        "### Equal compute (median of interleaved rounds)",
+        head,
+        *map(row, result["equal_compute"]),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DIGITS), help="digits build (shipped one installed if absent)")
@@ -162,7 +185,11 @@ def main() -> None:
     parser.add_argument("--cfg-steps", type=int, nargs="+", default=[10, 20])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default="benchmarks/results/classifier_guidance.json")
+    parser.add_argument("--render", metavar="JSON", help="only print the markdown tables of a result file")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return
     torch.set_num_threads(args.threads)
     model = ensure_digits(args.model)
     clf = Path(args.classifier or model / "noisy_classifier.pt")
