@@ -20,8 +20,15 @@ stride and takes no custom timesteps: it is refused.
 
 Example::
 
-    fp.accelerate("scheduler(name=dpm++2m);schedule(path=schedule.json)")
-    fp(batch_size=4)  # the tuned number of DPM++2M steps on the tuned timesteps
+    from fastdiff import FastPipeline
+    from fastdiff.schedulers.tuning import tune
+    from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline, default_scheduler
+
+    fp = FastPipeline(GMMPipeline(GMMDenoiser(), default_scheduler()))
+    tune(fp.pipe, "dpm++2m", nfe=6, seeds=2, max_evals=100).save("/tmp/schedule.json")
+    handle = fp.accelerate("scheduler(name=dpm++2m);schedule(path=/tmp/schedule.json)")
+    fp(batch_size=4)  # 6 DPM++2M steps on the tuned timesteps
+    handle.remove()  # back to the model's own scheduler and spacing
 """
 
 from __future__ import annotations
