@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
-from helpers import call_kwargs, tiny_pipe
+from helpers import call, call_kwargs, tiny_pipe
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
@@ -235,3 +235,29 @@ def test_bench_reports_every_key(tmp_path):
     assert rows[0]["denoiser_calls"] == 4 and rows[1]["denoiser_calls"] == 2
     assert len(rows[1]["seconds"]) == 2 and rows[1]["peak_rss_mb"] > 0
     assert 0 < rows[1]["psnr"] < 100 and -1 <= rows[1]["ssim"] < 1
+
+
+@pytest.mark.parametrize("preset", ["ddpm", "euler-a", "dpm++2m-sde"])
+def test_stochastic_samplers_use_the_callers_generator(sd, preset):
+    """diffusers passes generator= only to a step whose signature takes it; the step counter keeps it."""
+    raw = sd.pipe.scheduler
+    sd.accelerate(f"scheduler(name={preset})")
+    first, second = (call(sd, steps=4, seed=7) for _ in range(2))
+    np.testing.assert_array_equal(first, second)
+    assert np.abs(first - call(sd, steps=4, seed=8)).max() > 1e-3  # the seed matters
+    plain = sd.pipe(**call_kwargs(sd.pipe, steps=4, seed=7)).images  # the preset acts on direct calls too
+    np.testing.assert_array_equal(first, plain)
+    sd.remove_all()
+    assert sd.pipe.scheduler is raw or type(sd.pipe.scheduler) is type(raw)
+
+
+@pytest.mark.parametrize("preset", ["lcm", "euler", "dpm++2m"])
+def test_preset_keeps_betas_of_a_scheduler_built_in_memory(preset):
+    """A DDPMScheduler() left at its defaults must not get the preset class's default betas (LCM's differ)."""
+    from diffusers import DDPMScheduler
+
+    from fastdiff.schedulers.presets import make_scheduler
+
+    source = DDPMScheduler()
+    built = make_scheduler(preset, source.config)
+    np.testing.assert_allclose(built.alphas_cumprod.numpy(), source.alphas_cumprod.numpy(), rtol=1e-6)

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -207,6 +208,9 @@ class FastPipeline:
         params = inspect.signature(original_step).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
 
+        @functools.wraps(
+            original_step
+        )  # diffusers reads step's signature to decide whether to pass generator=
         def counted_step(*a, **k):
             if not takes_any:  # e.g. DDPMPipeline passes generator= even to schedulers without one
                 k = {key: v for key, v in k.items() if key in params}

@@ -72,7 +72,9 @@ def student_scheduler(config, skip: int):
     """LCMScheduler whose inference timesteps lie on the training grid (original steps = T // skip)."""
     from diffusers import LCMScheduler
 
-    return LCMScheduler.from_config(config, original_inference_steps=config.num_train_timesteps // skip,
+    from fastdiff.schedulers.presets import explicit_config
+
+    return LCMScheduler.from_config(explicit_config(config), original_inference_steps=config.num_train_timesteps // skip,
                                     clip_sample=False)  # fmt: skip
 
 

@@ -63,6 +63,8 @@ class LcmLora(Accelerator):
         from peft.tuners.tuners_utils import BaseTunerLayer
         from safetensors.torch import load_file
 
+        from fastdiff.schedulers.presets import explicit_config
+
         info = self.manifest()
         den, pipe = fp.denoiser, fp.pipe
         if adapter_layout(den):
@@ -84,7 +86,7 @@ class LcmLora(Accelerator):
             raise AcceleratorError(f"lcm-lora: the adapter does not fit this denoiser ({unexpected[:3]} ...)")
         original = pipe.scheduler
         total = original.config.num_train_timesteps
-        pipe.scheduler = LCMScheduler.from_config(original.config, clip_sample=False,
+        pipe.scheduler = LCMScheduler.from_config(explicit_config(original.config), clip_sample=False,
             original_inference_steps=info.get("original_inference_steps", total // 20))  # fmt: skip
 
         def restore():

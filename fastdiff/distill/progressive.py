@@ -62,7 +62,9 @@ def student_scheduler(config):
     """The students' sampler: DDIM on the trailing grid, v-prediction, ending at the clean image."""
     from diffusers import DDIMScheduler
 
-    return DDIMScheduler.from_config(config, prediction_type="v_prediction", clip_sample=False,
+    from fastdiff.schedulers.presets import explicit_config
+
+    return DDIMScheduler.from_config(explicit_config(config), prediction_type="v_prediction", clip_sample=False,
                                      set_alpha_to_one=True, timestep_spacing="trailing")  # fmt: skip
 
 

@@ -68,7 +68,16 @@ def make_scheduler(name: str, config) -> object:
     if name not in PRESETS:
         raise AcceleratorError(f"unknown scheduler preset {name!r}; choose one of {', '.join(PRESETS)}")
     cls_name, flags, _ = PRESETS[name]
-    return getattr(diffusers, cls_name).from_config(config, **flags)
+    return getattr(diffusers, cls_name).from_config(explicit_config(config), **flags)
+
+
+def explicit_config(config) -> dict:
+    """``config`` with every value made explicit.
+
+    diffusers' ``from_config`` replaces the keys listed in ``_use_default_values`` (those a scheduler built in
+    memory left at its defaults) by the *new* class's defaults, which changes the betas, e.g. DDPM -> LCM.
+    """
+    return {key: value for key, value in dict(config).items() if key != "_use_default_values"}
 
 
 @register

@@ -35,7 +35,7 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers import AysSchedules
 from tqdm.auto import tqdm
 
-from fastdiff.schedulers.presets import make_scheduler
+from fastdiff.schedulers.presets import explicit_config, make_scheduler
 from fastdiff.schedulers.tuned import (
     ROUTES,
     TunedSchedule,
@@ -104,7 +104,7 @@ def standard_spacings(scheduler, steps: int) -> dict[str, list[int]]:
     spacing, total = Spacing(scheduler, steps), scheduler.config.num_train_timesteps
     out = {}
     for name, flags in SPACING_FLAGS.items():
-        reference = DPMSolverMultistepScheduler.from_config(scheduler.config, **flags)
+        reference = DPMSolverMultistepScheduler.from_config(explicit_config(scheduler.config), **flags)
         reference.set_timesteps(steps)
         out[name] = strictly_decreasing(reference.timesteps.tolist(), total)
     for name, key in AYS_LISTS.items():
@@ -177,7 +177,7 @@ def references(pipe, inputs: dict, seeds: list[int], reference_steps: int) -> tu
         }, "exact ODE solve (DOP853)"
     original = pipe.scheduler
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(
-        original.config, algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=True
+        explicit_config(original.config), algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=True
     )
     try:
         out = {s: sample(pipe, inputs, s, reference_steps) for s in seeds}
