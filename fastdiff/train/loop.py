@@ -191,6 +191,8 @@ def train(
         "mixed_precision": accelerator.mixed_precision,
         "seconds": time.perf_counter() - started,
         "peak_memory_mib": round(peak, 1),
+        "trainable_parameters": sum(p.numel() for p in params),
+        "parameters": sum(p.numel() for p in net.parameters()),
         "loss_first": sum(losses[:window]) / window if losses else None,
         "loss_last": sum(losses[-window:]) / window if losses else None,
     }
