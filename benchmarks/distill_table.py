@@ -37,7 +37,9 @@ def training_records(root: Path) -> dict:
             "device": sorted({r.get("device") for r in reports if r.get("device")}),
             "trainable_parameters": reports[0].get("trainable_parameters"),
             "parameters": reports[0].get("parameters"),
-            "rounds": {k: {"steps": r.get("steps"), "wall_seconds": r.get("seconds")} for k, r in rounds.items()},
+            "rounds": {
+                k: {"steps": r.get("steps"), "wall_seconds": r.get("seconds")} for k, r in rounds.items()
+            },
         }
     return records
 
@@ -69,7 +71,9 @@ def training_table(records: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--students", type=Path, help="root of train_students.sh (refreshes the training JSON)")
+    parser.add_argument(
+        "--students", type=Path, help="root of train_students.sh (refreshes the training JSON)"
+    )
     args = parser.parse_args()
     training = RESULTS / "distill_training.json"
     if args.students:

@@ -132,3 +132,41 @@ def test_bad_input_is_refused_and_writes_nothing(models, tmp_path):
         with pytest.raises(SystemExit, match="not an earlier run"):
             main(["distill", "progressive", ddpm, str(other), "--from", "2", *FAST, *resume])
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_student_accelerator_swaps_weights_and_sampler_and_runs_one_batch(tmp_path):
+    """student(path=) on the teacher equals loading the student; baked guidance: one batch; remove(): teacher."""
+    teacher = build("digits", tmp_path / "digits", size="bench")
+    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "4", "--to", "2",
+          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    student = tmp_path / "prog" / "steps-2"
+    wanted = _sample(load_student(student), class_labels=[3, 7], guidance_scale=1.0)
+    fp = FastPipeline.from_pretrained(teacher)
+    before = _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0)
+    batches = []
+    probe = fp.denoiser.conv_in.register_forward_pre_hook(lambda m, a: batches.append(a[0].shape[0]))
+    handle = fp.accelerate(f"student(path={student})")
+    for guidance in (2.0, 1.0):  # the student bakes guidance 2 in: any scale gives what it learned
+        np.testing.assert_array_equal(_sample(fp, class_labels=[3, 7], guidance_scale=guidance), wanted)
+    assert fp.context.nfe == 2 and set(batches) == {2}  # two steps, each one batch of two images
+    with pytest.raises(AcceleratorError, match="conflict"):
+        fp.accelerate("scheduler(name=ddim,steps=4)")
+    handle.remove()
+    probe.remove()
+    np.testing.assert_array_equal(
+        _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before
+    )
+    assert type(
+        fp.pipe.scheduler
+    ).__name__ != "DDIMScheduler" or fp.pipe.scheduler.config.prediction_type != ("v_prediction")
+    for bad, message in ((tmp_path, "not a student"), (tmp_path / "prog", "not a student"),
+                         (tmp_path / "missing", "not a student")):  # fmt: skip
+        with pytest.raises(AcceleratorError, match=message):
+            fp.accelerate(f"student(path={bad})")
+    other = FastPipeline.from_pretrained(build("tiny-ddpm", tmp_path / "ddpm", size="test"))
+    with pytest.raises(AcceleratorError, match="UNet2DModel|does not fit"):
+        other.accelerate(f"student(path={student})")
+    assert not other.accelerators
+    np.testing.assert_array_equal(
+        _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before
+    )

@@ -3,8 +3,8 @@
 Loads the peft adapter in ``DIR`` into the denoiser (unfused: the base weights are never written), swaps in an
 ``LCMScheduler`` on the grid the adapter was trained on (``original_inference_steps`` from its
 ``fastdiff_distill.json``) and defaults ``num_inference_steps`` to ``steps`` (default: the adapter's own
-count). When the adapter baked classifier-free guidance in, ``guidance_scale`` defaults to 1 (one batch per
-step). ``remove()`` puts the original layers, scheduler and defaults back: outputs are bit-identical.
+count). When the adapter baked classifier-free guidance in, every call runs only the conditional half of the
+batch (one batch per step, whatever ``guidance_scale`` is passed; see ``fastdiff.distill.student``). ``remove()`` puts the original layers, scheduler and defaults back: outputs are bit-identical.
 
 Example::
 
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastdiff.core.hooks import Handle, HandleGroup
-from fastdiff.core.models import adapter_layout, pipeline_facts
+from fastdiff.core.models import adapter_layout
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.distill.student import baked_guidance, conditional_only
 
 ADAPTER_NAME = "fastdiff-lcm"
 
@@ -39,7 +40,8 @@ class LcmLora(Accelerator):
 
     spec_name = "lcm-lora"
     kind = "compress"
-    touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps"})
+    touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
+                         "denoiser.forward", "denoiser.batch"})  # fmt: skip
     exclusive = frozenset({"denoiser.weights", "denoiser.structure", "scheduler"})
 
     def validate(self) -> None:
@@ -96,9 +98,7 @@ class LcmLora(Accelerator):
         handles = [Handle(restore)]
         try:
             handles.append(fp.set_call_default("num_inference_steps", self.steps or info.get("steps", 4)))
-            baked = info.get("sample_with", {}).get("guidance_scale")
-            if baked is not None and pipeline_facts(pipe).cfg_layout:
-                handles.append(fp.set_call_default("guidance_scale", baked))
+            handles.extend(conditional_only(fp, baked_guidance(info)))
         except ValueError as error:  # another accelerator owns that call default
             for handle in reversed(handles):
                 handle.remove()

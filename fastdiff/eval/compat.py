@@ -62,6 +62,7 @@ MATRIX_SPECS = {
 # no one setting applies to every variant, so their own tests cover apply/remove and refusal of other models.
 NEEDS_ARTIFACT = {
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
+    "student": "a full-weight student distilled from this model (fastdiff distill progressive|consistency)",
     "schedule": "a schedule tuned for this model (fastdiff tune-schedule)",
     "classifier-guidance": "a noise-aware classifier trained for this model (fastdiff train-classifier)",
 }

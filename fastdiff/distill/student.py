@@ -1,0 +1,175 @@
+"""``student(path=DIR)``: put a distilled student's weights and sampler into the teacher's pipeline.
+
+``DIR`` is a full-weight student saved by ``fastdiff distill progressive`` (``OUT/steps-N``) or ``fastdiff
+distill consistency`` (``OUT``). The accelerator copies the student's denoiser weights into the pipeline's
+denoiser in place (the architecture must match: same config and parameter shapes), swaps in the student's
+saved scheduler (DDIM v-prediction on the trailing grid, or LCM on the training grid) and defaults
+``num_inference_steps`` to the student's step count (or ``steps``). ``remove()`` writes the original weights
+back and restores the scheduler: outputs are bit-identical to before.
+
+A student that baked classifier-free guidance in (distilled from a guided teacher) predicts the guided
+output from the conditional input alone. On a pipeline with classifier-free guidance the accelerator then
+runs only the conditional half of every batch and repeats its output for the unconditional branch (the hook
+of ``cfg-interval``), so a call at any ``guidance_scale`` costs one batch per step and returns what the
+student learned; no caller has to remember to pass ``guidance_scale=1``.
+
+This lets one ``fastdiff bench`` run compare a teacher's samplers with its students, side by side::
+
+    fastdiff bench DIGITS --config ddim50="scheduler(name=ddim,steps=50)" \\
+        --config prog4="student(path=/tmp/prog/steps-4)" --guidance 2
+
+Example::
+
+    from fastdiff import FastPipeline
+
+    fp = FastPipeline.from_pretrained("/tmp/digits")
+    handle = fp.accelerate("student(path=/tmp/prog/steps-4)")
+    images = fp(class_labels=[3, 7], output_type="np").images      # 4 steps, one batch per step
+    handle.remove()                                                 # the teacher again, bit for bit
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.models import pipeline_facts
+from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+HOOK_NAME = "fastdiff.student-guidance"
+
+
+@register
+@dataclass(frozen=True)
+class Student(Accelerator):
+    """A distilled full-weight student. Example: ``fp.accelerate("student(path=/tmp/prog/steps-4)")``."""
+
+    path: str
+    steps: int | None = None
+
+    spec_name = "student"
+    kind = "compress"
+    touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
+                         "denoiser.forward", "denoiser.batch"})  # fmt: skip
+    exclusive = frozenset({"denoiser.weights", "denoiser.structure", "scheduler"})
+
+    def validate(self) -> None:
+        if self.steps is not None and (isinstance(self.steps, bool) or self.steps <= 0):
+            raise AcceleratorError(f"student: steps must be a positive integer, got {self.steps}")
+
+    def manifest(self) -> dict:
+        from fastdiff.distill.common import MANIFEST
+
+        folder = Path(self.path).expanduser()
+        manifest = folder / MANIFEST
+        if (folder / "adapter_config.json").is_file():
+            raise AcceleratorError(
+                f"student: {self.path!r} is a LoRA adapter; apply it with lcm-lora(path=...)"
+            )
+        if not (folder / "model_index.json").is_file() or not manifest.is_file():
+            raise AcceleratorError(
+                f"student: {self.path!r} is not a student saved by `fastdiff distill` "
+                f"(needs model_index.json and {MANIFEST})"
+            )
+        info = json.loads(manifest.read_text())
+        if info.get("method") not in ("progressive", "consistency"):
+            raise AcceleratorError(f"student: {manifest} does not describe a finished student (method "
+                                   f"{info.get('method')!r}; a run's OUT of progressive holds steps-N students)")  # fmt: skip
+        return info
+
+    def apply(self, fp) -> Handle:
+        from diffusers import SchedulerMixin
+
+        info = self.manifest()
+        folder = Path(self.path).expanduser()
+        den, pipe = fp.denoiser, fp.pipe
+        weights = _student_weights(den, folder / fp.denoiser_name, self.path)
+        scheduler = _load_scheduler(folder / "scheduler", pipe.scheduler, SchedulerMixin, self.path)
+        original = {name: tensor.detach().clone() for name, tensor in den.state_dict().items()}
+        original_scheduler = pipe.scheduler
+
+        def restore():
+            pipe.scheduler = original_scheduler
+            with torch.no_grad():
+                den.load_state_dict(original)
+
+        with torch.no_grad():
+            den.load_state_dict(weights)
+        pipe.scheduler = scheduler
+        handles = [Handle(restore)]
+        try:
+            steps = self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps")
+            handles.append(fp.set_call_default("num_inference_steps", int(steps)))
+            handles.extend(conditional_only(fp, baked_guidance(info)))
+        except ValueError as error:  # another accelerator owns that call default
+            for handle in reversed(handles):
+                handle.remove()
+            raise AcceleratorError(f"student: {error}") from error
+        return HandleGroup(handles)
+
+
+def conditional_only(fp, baked: float) -> list[Handle]:
+    """For a student with guidance ``baked`` > 1 in it: on CFG pipelines run only the conditional half."""
+    if baked <= 1 or "cond" not in pipeline_facts(fp.pipe).cfg_layout:
+        return []
+    from fastdiff.guidance.interval import CFGIntervalHook
+
+    hook = CFGIntervalHook(fp.context, 0.0, 0.0)  # an empty window: no step is guided
+    return [install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)]
+
+
+def baked_guidance(info: dict) -> float:
+    """The classifier-free guidance scale a student's manifest says it learned (1: none, or w-embedding)."""
+    if info.get("method") == "progressive":
+        return float(info.get("guidance_baked_in", 1.0))
+    if info.get("w_embedding"):
+        return 1.0  # the student takes the scale as an input
+    return float((info.get("guidance_range") or [1.0])[0])
+
+
+def _student_weights(den, folder: Path, path: str) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    config_file = folder / "config.json"
+    if not files or not config_file.is_file():
+        raise AcceleratorError(f"student: {path!r} has no {folder.name}/ weights in safetensors")
+    config = json.loads(config_file.read_text())
+    if config.get("_class_name") != type(den).__name__:
+        raise AcceleratorError(f"student: {path!r} holds a {config.get('_class_name')}, this pipeline a "
+                               f"{type(den).__name__}")  # fmt: skip
+    weights = {}
+    for file in files:
+        weights.update(load_file(file))
+    mine = den.state_dict()
+    extra, missing = sorted(set(weights) - set(mine)), sorted(set(mine) - set(weights))
+    wrong = [k for k in set(weights) & set(mine) if weights[k].shape != mine[k].shape]
+    if extra or missing or wrong:
+        hint = " (a w-embedding student: load it with FastPipeline.from_pretrained(DIR))" if extra else ""
+        raise AcceleratorError(
+            f"student: {path!r} does not fit this {type(den).__name__}: extra {extra[:3]}, missing "
+            f"{missing[:3]}, other shapes {sorted(wrong)[:3]}{hint}"
+        )
+    return weights
+
+
+def _load_scheduler(folder: Path, current, base, path: str):
+    import diffusers
+
+    config_file = folder / "scheduler_config.json"
+    if not config_file.is_file():
+        raise AcceleratorError(f"student: {path!r} has no scheduler/scheduler_config.json")
+    config = json.loads(config_file.read_text())
+    cls = getattr(diffusers, config.get("_class_name", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise AcceleratorError(f"student: unknown scheduler {config.get('_class_name')!r} in {config_file}")
+    scheduler = cls.from_pretrained(folder)
+    if hasattr(current, "alphas_cumprod") and hasattr(scheduler, "alphas_cumprod"):
+        if not torch.allclose(current.alphas_cumprod.double(), scheduler.alphas_cumprod.double(), atol=1e-6):
+            raise AcceleratorError(f"student: {path!r} was distilled on another noise schedule than this "
+                                   "pipeline's scheduler")  # fmt: skip
+    return scheduler
