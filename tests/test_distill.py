@@ -170,3 +170,39 @@ def test_student_accelerator_swaps_weights_and_sampler_and_runs_one_batch(tmp_pa
     np.testing.assert_array_equal(
         _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before
     )
+
+
+def test_dpm_solver_step_is_closer_to_the_teacher_ode_than_ddim(tmp_path):
+    """The consistency target's DPM-Solver++(2S) step t -> s beats one DDIM step against a fine DDIM solve."""
+    from fastdiff.distill.common import alphas, to_eps_x0
+    from fastdiff.distill.consistency import SOLVERS
+    from fastdiff.train.inputs import denoiser_output
+
+    fp = FastPipeline.from_pretrained(build("digits", tmp_path / "digits", size="bench"))
+    a_all = alphas(fp.pipe.scheduler.config)
+    labels = torch.arange(8) % 10
+
+    def model(x, u, a_u):
+        out = denoiser_output(fp.denoiser, {"sample": x, "timestep": u, "class_labels": labels})
+        return to_eps_x0(out, x, a_u, fp.pipe.scheduler.config.prediction_type)
+
+    def at(u):
+        return a_all[u].view(-1, 1, 1, 1)
+
+    g = torch.Generator().manual_seed(0)
+    t0, s0 = 699, 299
+    z = at(torch.tensor([t0])).sqrt() * 0 + (1 - at(torch.tensor([t0]))).sqrt() * torch.randn(
+        8, 1, 16, 16, generator=g
+    )
+    t, s = torch.full((8,), t0), torch.full((8,), s0)
+    with torch.no_grad():
+        fine, grid = z, list(range(t0, s0, -4)) + [s0]
+        for u, v in zip(grid[:-1], grid[1:]):
+            uu, vv = torch.full((8,), u), torch.full((8,), v)
+            fine = SOLVERS["ddim"](a_all)(fine, uu, vv, at(uu), at(vv), model)
+        errors = {name: (solve(a_all)(z, t, s, at(t), at(s), model) - fine).norm().item()
+                  for name, solve in SOLVERS.items()}  # fmt: skip
+        near = torch.full((8,), t0 - 1)  # no timestep strictly between: the DPM step is a DDIM step
+        same = [solve(a_all)(z, t, near, at(t), at(near), model) for solve in SOLVERS.values()]
+    assert errors["dpm"] < 0.5 * errors["ddim"], errors  # measured: 0.34x (digits, 699 -> 299)
+    torch.testing.assert_close(same[0], same[1])

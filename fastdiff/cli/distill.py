@@ -38,7 +38,7 @@ def cmd_consistency(args) -> None:
 
     report = consistency(_teacher(args), args.out, lora=args.lora, guidance_range=args.guidance_range,
                          skip=args.skip, train_steps=args.train_steps, batch=args.batch, lr=args.lr,
-                         loss=args.loss, ema_decay=args.ema_decay, sample_steps=args.sample_steps,
+                         loss=args.loss, solver=args.solver, ema_decay=args.ema_decay, sample_steps=args.sample_steps,
                          resume=args.resume, seed=args.seed, save_every=args.save_every, accumulate=args.accumulate,
                          gradient_checkpointing=args.gradient_checkpointing)  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
@@ -82,6 +82,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     cons.add_argument("--guidance-range", default=None, help="'a,b' (w-embedding) or 'a' (baked in)")
     cons.add_argument("--skip", type=int, default=20, help="teacher's DDIM skipping step K (timesteps nK-1)")
     cons.add_argument("--train-steps", type=int, default=1000)
+    cons.add_argument("--solver", default="ddim", choices=["ddim", "dpm"],
+                      help="teacher's skipping-step solver: DDIM or DPM-Solver++(2S) (two teacher calls)")  # fmt: skip
     cons.add_argument("--loss", default="huber", choices=["huber", "l2"])
     cons.add_argument("--ema-decay", type=float, default=0.95)
     cons.add_argument("--sample-steps", type=int, default=4, help="default LCM steps of the saved student")

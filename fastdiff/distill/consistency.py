@@ -1,7 +1,8 @@
 """Consistency distillation as in latent consistency models (LCM; Luo et al. 2023), full or LoRA.
 
 Follows diffusers' ``examples/consistency_distillation`` scripts: timesteps on the teacher's skipping-step
-grid ``t_n = n*K - 1`` (``skip`` = K); one DDIM step of the (guided) teacher from ``t_n`` to ``t_n - K``;
+grid ``t_n = n*K - 1`` (``skip`` = K); one step of the (guided) teacher from ``t_n`` to ``t_n - K`` by DDIM or
+DPM-Solver++(2S) (``solver="dpm"``: a second teacher call at the log-SNR midpoint, as LCM's augmented solvers);
 the student at ``t_n`` and a target network at ``t_n - K`` both go through LCM's boundary-condition
 parameterisation ``f(x, t) = c_skip(t) x + c_out(t) x0(x, t)`` (sigma_data 0.5, timestep scaling 10, as in
 diffusers' ``LCMScheduler``); the loss is pseudo-Huber (``huber_c``) or L2 between the two.
@@ -92,6 +93,7 @@ def consistency(
     ema_decay: float = 0.95,
     sample_steps: int = 4,
     w_embedding_dim: int = 256,
+    solver: str = "ddim",
     resume: bool = False,
     seed: int = 0,
     save_every: int = 100,
@@ -104,6 +106,8 @@ def consistency(
                               else guidance_range)  # fmt: skip
     if lora is not None and lora < 1:
         raise DistillError(f"--lora RANK must be >= 1, got {lora}")
+    if solver not in SOLVERS:
+        raise DistillError(f"--solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     if loss not in ("huber", "l2"):
         raise DistillError(f"--loss must be huber or l2, got {loss!r}")
     if train_steps < 1 or batch < 1 or not 0 <= ema_decay < 1:
@@ -112,7 +116,8 @@ def consistency(
     out = Path(out)
     command = {"command": "consistency", "teacher": str(Path(teacher_dir).resolve()), "lora": lora,
                "guidance_range": guidance, "skip": skip, "train_steps": train_steps, "batch": batch, "lr": lr,
-               "loss": loss, "seed": seed, "accumulate": accumulate}  # fmt: skip
+               "loss": loss, "seed": seed, "accumulate": accumulate,
+               **({"solver": solver} if solver != "ddim" else {})}  # fmt: skip
     check_out(out, command, resume)
     fp = load_teacher(teacher_dir)
     config = fp.pipe.scheduler.config
@@ -144,7 +149,7 @@ def consistency(
     embedding = (
         (lambda w: fp.pipe.get_guidance_scale_embedding(w, embedding_dim=w_embedding_dim)) if embed else None
     )
-    loss_fn = _loss(batches, teacher, target, config, skip, (low, high), embedding, loss, huber_c)
+    loss_fn = _loss(batches, teacher, target, config, skip, (low, high), embedding, loss, huber_c, solver)
 
     def ema_update(step):
         if lora is None:
@@ -158,7 +163,7 @@ def consistency(
                    gradient_checkpointing=gradient_checkpointing, progress=progress, schedule="constant",
                    desc="consistency")  # fmt: skip
     student.cpu().eval()
-    info = {"method": "consistency", "skip": skip, "steps": sample_steps, "guidance_range": [low, high],
+    info = {"method": "consistency", "solver": solver, "skip": skip, "steps": sample_steps, "guidance_range": [low, high],
             "w_embedding": embed, "original_inference_steps": total // skip, "train": report,
             "sample_with": {"num_inference_steps": sample_steps,
                             **({} if embed or not batches.uncond else {"guidance_scale": 1.0})}}  # fmt: skip
@@ -174,6 +179,55 @@ def consistency(
     shutil.rmtree(work)
     finish_run(out, info)
     return json.loads((out / MANIFEST).read_text())
+
+
+def ddim_solver(a_all):
+    """One DDIM step t -> s of a teacher ``model(x, t, alpha_bar) -> (eps, x0)``."""
+
+    def solve(z, t, s, at, as_, model):
+        eps, x0 = model(z, t, at)
+        return as_.sqrt() * x0 + (1 - as_).sqrt() * eps
+
+    return solve
+
+
+def dpm_solver(a_all):
+    """One DPM-Solver++(2S) step t -> s (Lu et al. 2022): the teacher also at the log-SNR midpoint.
+
+    The midpoint is the training timestep between t and s whose log-SNR is nearest the middle (the teacher
+    only knows integer timesteps); with no timestep strictly between them it is a DDIM step.
+    """
+    lam = 0.5 * (a_all.double().log() - (1 - a_all.double()).clamp_min(1e-20).log())  # log(alpha/sigma)
+
+    def solve(z, t, s, at, as_, model):
+        eps, x0 = model(z, t, at)
+        sig_t, sig_s = (1 - at).sqrt(), (1 - as_).sqrt()
+        lt, ls = lam.to(z.device)[t], lam.to(z.device)[s]
+        h = (ls - lt).view(-1, 1, 1, 1).float()
+        mids = torch.stack([_nearest_between(lam, int(a), int(b)) for a, b in zip(t.tolist(), s.tolist())])
+        m = mids.to(t.device)
+        ok = ((m < t) & (m > s)).view(-1, 1, 1, 1)
+        am = a_all.to(z.device)[m].view(-1, 1, 1, 1)
+        sig_m = (1 - am).sqrt()
+        hm = (lam.to(z.device)[m] - lt).view(-1, 1, 1, 1).float()
+        z_m = (sig_m / sig_t) * z - am.sqrt() * torch.expm1(-hm) * x0
+        _, x0_m = model(z_m, m, am)
+        r = (hm / h).clamp_min(1e-6)
+        d = torch.where(ok, (1 - 1 / (2 * r)) * x0 + x0_m / (2 * r), x0)
+        return (sig_s / sig_t) * z - as_.sqrt() * torch.expm1(-h) * d
+
+    return solve
+
+
+def _nearest_between(lam: torch.Tensor, t: int, s: int) -> torch.Tensor:
+    if t - s < 2:
+        return torch.tensor(t)
+    inner = torch.arange(s + 1, t)
+    middle = 0.5 * (lam[t] + lam[s])
+    return inner[(lam[inner] - middle).abs().argmin()]
+
+
+SOLVERS = {"ddim": ddim_solver, "dpm": dpm_solver}
 
 
 def _with_lora(unet, rank: int):
@@ -206,8 +260,9 @@ def _save_adapter(student, config, out: Path) -> None:
     config.save_pretrained(out)
 
 
-def _loss(batches, teacher, target, config, skip, guidance, embedding, kind_of_loss, huber_c):
+def _loss(batches, teacher, target, config, skip, guidance, embedding, kind_of_loss, huber_c, solver="ddim"):
     a_all, kind = alphas(config), config.prediction_type
+    solve = SOLVERS[solver](a_all)
     grid = torch.arange(1, config.num_train_timesteps // skip + 1) * skip - 1
     low, high = guidance
 
@@ -227,9 +282,10 @@ def _loss(batches, teacher, target, config, skip, guidance, embedding, kind_of_l
         c_skip, c_out = boundary_scalings(t)
         out = denoiser_output(student, {"sample": z, "timestep": t, **cond, **extra})
         pred = c_skip * z + c_out * to_eps_x0(out, z, at, kind)[1]
-        with torch.no_grad():  # one DDIM step of the guided teacher, then the target network at s
-            eps, xh = guided(teacher, z, t, cond, uncond, scale, at, kind)
-            z_prev = as_.sqrt() * xh + (1 - as_).sqrt() * eps
+        with torch.no_grad():  # one solver step of the guided teacher t -> s, then the target network at s
+            z_prev = solve(
+                z, t, s, at, as_, lambda x, u, a_u: guided(teacher, x, u, cond, uncond, scale, a_u, kind)
+            )
             out_prev = denoiser_output(target, {"sample": z_prev, "timestep": s, **cond, **extra})
             c_skip_s, c_out_s = boundary_scalings(s)
             want = c_skip_s * z_prev + c_out_s * to_eps_x0(out_prev, z_prev, as_, kind)[1]
