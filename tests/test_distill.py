@@ -206,3 +206,15 @@ def test_dpm_solver_step_is_closer_to_the_teacher_ode_than_ddim(tmp_path):
         same = [solve(a_all)(z, t, near, at(t), at(near), model) for solve in SOLVERS.values()]
     assert errors["dpm"] < 0.5 * errors["ddim"], errors  # measured: 0.34x (digits, 699 -> 299)
     torch.testing.assert_close(same[0], same[1])
+
+
+def test_consistency_run_with_a_guidance_range_resumes(models, tmp_path):
+    """The manifest stores the guidance range as a list; an earlier run of the same command is recognised."""
+    out = tmp_path / "lcm"
+    args = ["distill", "consistency", str(models["tiny-sd"]), str(out), "--guidance-range", "2",
+            "--train-steps", "2", "--skip", "100", *FAST]  # fmt: skip
+    main(args)
+    with pytest.raises(SystemExit, match="--resume"):
+        main(args)
+    main([*args, "--resume"])  # finished: nothing to do
+    assert json.loads((out / MANIFEST).read_text())["done"]

@@ -68,7 +68,7 @@ def check_out(out, command: dict, resume: bool) -> None:
         return
     manifest = out / MANIFEST
     earlier = json.loads(manifest.read_text()).get("command") if manifest.is_file() else None
-    if earlier != command:
+    if earlier != json.loads(json.dumps(command)):  # as the manifest stores it (tuples become lists)
         raise DistillError(f"{out} exists and is not an earlier run of this command; choose another OUT")
     if not resume:
         raise DistillError(f"{out} holds an earlier run of this command; pass --resume to continue it")
