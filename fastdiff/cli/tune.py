@@ -1,0 +1,137 @@
+"""``fastdiff tune``: the fastest accelerator setting within a quality budget, as a spec string.
+
+Example::
+
+    fastdiff tune digits --budget "accuracy>=-1 point" --guidance 2 --out best.json
+    fastdiff tune digits --budget "fd<=1.2x" --space space.yaml --time-limit 20 --out best.json \\
+        --compare "ddim 50=scheduler(name=ddim,steps=50)"
+    fastdiff tune digits --budget "psnr>=35" --print-space > space.yaml   # the default space, to edit
+
+then ``FastPipeline.from_pretrained(MODEL, accelerators=json.load(open("best.json"))["best"]["spec"])``.
+Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
+    p = subparsers.add_parser("tune", help="find the fastest accelerator setting within a quality budget")
+    p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
+    p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
+    p.add_argument("--budget", action="append", required=True,
+                   help="e.g. 'accuracy>=-1 point', 'accuracy>=-0.01', 'fd<=1.2x', 'psnr>=35'; repeat: all must hold")  # fmt: skip
+    p.add_argument("--space", help="search space YAML (default: the model family's; see --print-space)")
+    p.add_argument("--baseline", help="budgets are relative to this config: specs or 'SAMPLER STEPS' (default dpm++2m 20)")  # fmt: skip
+    p.add_argument("--time-limit", type=float, help="minutes; no new measurement starts after it")
+    p.add_argument("--out", help="write the result JSON here (best, frontier, every measurement)")
+    p.add_argument("--cache", help="measurement cache directory (default $FASTDIFF_CACHE/tune)")
+    p.add_argument("--no-cache", action="store_true", help="measure everything again, keep nothing")
+    p.add_argument("--guidance", type=float, help="guidance scale of every call (default: the pipeline's)")
+    p.add_argument("--steps", type=int, default=20, help="steps for specs that do not set them (as bench)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--timing", default="cpu", choices=["cpu", "wall"], help="speed figure (default: CPU time)"
+    )
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=SPECS",
+                   help="after the search, re-time the baseline, these configs and the best side by side (one bench run)")  # fmt: skip
+    p.add_argument("--compare-runs", type=int, default=1, help="timed runs of the side-by-side bench")
+    p.add_argument("--print-space", action="store_true", help="print the search space as YAML and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> dict:
+    """Tune, print the answer and the frontier, write ``args.out``; returns the result dict."""
+    import yaml
+
+    from fastdiff.cli.main import _parse_configs, cache_dir, resolve_model
+    from fastdiff.tune import load_space, parse_budgets, side_by_side, tune
+    from fastdiff.tune.space import default_space, family_of
+
+    budgets = parse_budgets(args.budget)  # bad budgets fail before any model is loaded
+    space = load_space(args.space, args.baseline) if args.space else None
+    compare = _parse_configs(args.compare)
+    model = resolve_model(args.model, args.size)
+    if args.print_space:
+        if space is None:
+            from fastdiff import FastPipeline
+
+            space = load_space(
+                default_space(family_of(FastPipeline.from_pretrained(model).pipe)), args.baseline
+            )
+        print(yaml.safe_dump(space.to_dict(), sort_keys=False), end="")
+        return space.to_dict()
+    if not args.out:
+        raise SystemExit("error: give --out FILE for the result (or --print-space)")
+    result = tune(
+        model, budgets, space=space, baseline=args.baseline, time_limit=args.time_limit,
+        cache_dir=None if args.no_cache else Path(args.cache) if args.cache else cache_dir() / "tune",
+        guidance=args.guidance, seed=args.seed, threads=args.threads, steps=args.steps, timing=args.timing,
+        progress=not args.quiet,
+    )  # fmt: skip
+    result["command"] = (
+        "fastdiff " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["tune"] else None
+    )
+    best = result["best"]
+    if compare:
+        configs = [("baseline", result["baseline"]["spec"]), *compare, ("best", best["spec"])]
+        bench = side_by_side(model, configs, images=result["settings"]["images"], guidance=args.guidance,
+                             runs=args.compare_runs, seed=args.seed, threads=args.threads, steps=args.steps)  # fmt: skip
+        rows = {row["name"]: row for row in bench["configs"]}
+        result["side_by_side"] = {
+            "configs": bench["configs"],
+            "best_speedup_cpu": {n: rows[n]["cpu_seconds_median"] / rows["best"]["cpu_seconds_median"] for n in rows},
+            "best_speedup_wall": {n: rows[n]["seconds_median"] / rows["best"]["seconds_median"] for n in rows},
+        }  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    print(format_result(result))
+    print(
+        f"wrote {args.out}; load it with FastPipeline.from_pretrained({str(model)!r}, accelerators={best['spec']!r})"
+    )
+    return result
+
+
+def format_result(result: dict) -> str:
+    """The answer, the frontier and (if run) the side-by-side speedups, as text."""
+    base, best = result["baseline"], result["best"]
+    lines = [
+        f"budgets {', '.join(result['budgets'])} vs baseline {base['spec']} ({result['timing']} time, "
+        f"{result['settings']['images']} images); {result['strategy']} over {result['counts']['candidates']} candidates, "
+        f"{result['counts']['measurements']} measured + {result['counts']['cache_hits']} cached in "
+        f"{result['search_seconds']:.0f} s{'' if result['complete'] else ' (stopped at the time limit)'}",
+        f"best: {best['spec']}  speedup {best['speedup']:.2f}x  " + _quality(best),
+        "frontier (fastest first):",
+    ]
+    for row in result["frontier"]:
+        mark = "*" if row.get("within_budget") else " "
+        lines.append(f" {mark} {row['speedup']:6.2f}x  {_quality(row):40s} {row['spec']}")
+    if "side_by_side" in result:
+        speedups = result["side_by_side"]["best_speedup_cpu"]
+        lines.append(
+            "side by side (CPU): best is "
+            + ", ".join(f"{v:.2f}x vs {k}" for k, v in speedups.items() if k != "best")
+        )
+    return "\n".join(lines)
+
+
+def _quality(row: dict) -> str:
+    parts = []
+    for key, fmt in (
+        ("accuracy", "{:.1%}"),
+        ("fd", "{:.2f}"),
+        ("ode_error", "{:.3f}"),
+        ("psnr", "{:.1f} dB"),
+    ):
+        if row.get(key) is not None:
+            parts.append(f"{key} " + fmt.format(row[key]))
+    return ", ".join(parts)

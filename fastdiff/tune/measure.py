@@ -1,0 +1,199 @@
+"""Measuring one candidate for the tuner: ``fastdiff bench``'s own ``run_bench``, cached on disk.
+
+Every measurement is one ``run_bench`` call on a shared pipeline (same inputs from ``make_inputs``, same seed,
+same timing and quality code as ``fastdiff bench``); the images of the timed call are kept so PSNR/SSIM are
+computed against the baseline's images at the same size (``fastdiff.eval.fidelity``, as bench does).
+Results are cached as JSON under ``cache_dir``, keyed by the spec, the model's hash, the fastdiff version and
+the measurement settings (images, guidance, seed, runs, warm-up, threads, steps), so an interrupted search
+resumes where it stopped. Cached timings come from the run that made them.
+
+Example::
+
+    from fastdiff.tune.measure import Measurer
+
+    m = Measurer("/tmp/digits", cache_dir="/tmp/tune-cache", threads=1)
+    base = m.measure("scheduler(name=dpm++2m,steps=20)", images=100, baseline=True)
+    row = m.measure("scheduler(name=unipc,steps=5)", images=100)
+    print(row["cpu_seconds_median"], row["accuracy"], row["psnr"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdiff.core.models import pipeline_facts
+from fastdiff.core.pipeline import FastPipeline
+
+KEEP = ("seconds_median", "seconds", "cpu_seconds_median", "denoiser_calls", "peak_rss_mb", "accuracy", "fd",
+        "fd_floor", "ode_error")  # fmt: skip
+
+
+class _Recording(FastPipeline):
+    """A FastPipeline that keeps the images of its latest call (for PSNR against the baseline)."""
+
+    def __call__(self, *args, **kwargs):
+        output = super().__call__(*args, **kwargs)
+        self.__dict__["last_images"] = np.asarray(output.images)
+        return output
+
+
+def fastdiff_version() -> str:
+    import fastdiff
+
+    return fastdiff.__version__
+
+
+def model_hash(directory: str | Path, big: int = 64 * 2**20) -> str:
+    """sha256 over the pipeline directory's files (names and bytes; files over ``big`` bytes: name, size, mtime)."""
+    root, digest = Path(directory), hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".") or "/." in rel:
+            continue
+        digest.update(rel.encode() + b"\0")
+        stat = path.stat()
+        if stat.st_size > big:
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+        else:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _fingerprint(spec: str) -> dict[str, str]:
+    """Size/mtime fingerprints of directories or files a spec names (``path=``): retrained students re-measure."""
+    out = {}
+    for value in re.findall(r"path=([^,;)]+)", spec):
+        path = Path(value).expanduser()
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        digest = hashlib.sha256()
+        for f in files:
+            if f.exists():
+                stat = f.stat()
+                digest.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        out[value] = digest.hexdigest()[:16]
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_bench_bars():
+    """run_bench draws a bar per call; inside the tuner's own bar those are noise, so they are disabled."""
+    from fastdiff.eval import bench
+
+    original = bench.tqdm
+    bench.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        bench.tqdm = original
+
+
+class Measurer:
+    """Measures specs on one model with fixed settings; ``measure(spec, images)`` returns a result row."""
+
+    def __init__(self, model: str | Path, cache_dir: str | Path | None = None, guidance: float | None = None,
+                 seed: int = 0, threads: int | None = 1, steps: int | None = 20, runs: int = 1,
+                 warmup: bool = False):  # fmt: skip
+        self.model = Path(model)
+        if threads:
+            torch.set_num_threads(threads)
+        self.fp = _Recording.from_pretrained(self.model, accelerators="")
+        self.fp.pipe.set_progress_bar_config(disable=True)
+        self.facts = pipeline_facts(self.fp.pipe)
+        self.guidance = guidance
+        self.settings = {"guidance": guidance, "seed": seed, "threads": torch.get_num_threads(), "steps": steps,
+                         "runs": runs, "warmup": warmup}  # fmt: skip
+        self._warm_up()
+        self.model_hash = model_hash(self.model)
+        self.version = fastdiff_version()
+        self.cache_dir = Path(cache_dir) / self.model_hash[:16] if cache_dir else None
+        self.references: dict[int, np.ndarray] = {}
+        self.hits = 0
+        self.runs = 0
+
+    def _warm_up(self) -> None:
+        """One small untimed call, so that the first timed measurement (the baseline) pays no first-call costs."""
+        from fastdiff.eval.bench import make_inputs
+
+        call = dict(make_inputs(self.fp.pipe, 2, self.guidance), output_type="np", num_inference_steps=2)
+        self.fp(**call, generator=torch.Generator().manual_seed(0))
+        self.fp.__dict__.pop("last_images", None)
+
+    @property
+    def cfg(self) -> bool:
+        """Whether the measured calls run classifier-free guidance (guidance-kind accelerators matter)."""
+        scale = self.facts.default_guidance if self.guidance is None else self.guidance
+        return bool(self.facts.cfg_layout) and scale > 1
+
+    def key(self, spec: str, images: int) -> str:
+        blob = {"spec": spec, "model": self.model_hash, "fastdiff": self.version, "images": images,
+                "paths": _fingerprint(spec), **self.settings}  # fmt: skip
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:32]
+
+    def measure(self, spec: str, images: int, baseline: bool = False) -> dict[str, Any]:
+        """The row of ``spec`` on ``images`` images (cached); the baseline's images become the PSNR reference."""
+        key = self.key(spec, images)
+        cached = self._load(key, baseline)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        from fastdiff.eval.bench import run_bench
+        from fastdiff.eval.fidelity import psnr, ssim
+
+        if not baseline and images not in self.references:
+            raise RuntimeError(f"measure the baseline at {images} images first")
+        s = self.settings
+        try:
+            with _quiet_bench_bars():
+                result = run_bench(self.fp, [(spec, spec)], steps=s["steps"], runs=s["runs"], seed=s["seed"],
+                                   threads=s["threads"], batch=images, guidance=self.guidance, warmup=s["warmup"])  # fmt: skip
+        except (ValueError, RuntimeError, FloatingPointError) as error:  # refused or failed: not cached
+            self.fp.remove_all()
+            if baseline:
+                raise
+            return {"spec": spec, "images": images, "error": f"{type(error).__name__}: {error}"}
+        self.runs += 1
+        full = result["configs"][0]
+        row = {"spec": spec, "images": images, **{k: full[k] for k in KEEP if full.get(k) is not None}}
+        shot = self.fp.__dict__.pop("last_images")
+        if baseline:
+            row["is_baseline"] = True
+            self.references[images] = shot
+        else:
+            row["psnr"], row["ssim"] = (
+                psnr(shot, self.references[images]),
+                ssim(shot, self.references[images]),
+            )
+        self._store(key, row, shot if baseline else None)
+        return row
+
+    def _load(self, key: str, baseline: bool) -> dict | None:
+        if self.cache_dir is None or not (self.cache_dir / f"{key}.json").is_file():
+            return None
+        row = json.loads((self.cache_dir / f"{key}.json").read_text())
+        if baseline:
+            images_file = self.cache_dir / f"{key}.npy"
+            if not images_file.is_file():
+                return None
+            self.references[row["images"]] = np.load(images_file)
+        row["cached"] = True
+        return row
+
+    def _store(self, key: str, row: dict, images: np.ndarray | None) -> None:
+        if self.cache_dir is None:
+            return
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        if images is not None:
+            np.save(self.cache_dir / f"{key}.npy", images)
+        tmp = self.cache_dir / f"{key}.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(row, indent=1))
+        tmp.replace(self.cache_dir / f"{key}.json")  # atomic: an interrupted write never leaves half a row

@@ -1,0 +1,214 @@
+"""fastdiff tune: budgets, spaces (validation, conflict pruning), the search on the shipped digits model
+(grid and successive halving, resumable cache, frontier), and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from fastdiff import FastPipeline
+from fastdiff.cli.main import main
+from fastdiff.tune import (
+    BudgetError,
+    SpaceError,
+    default_space,
+    load_space,
+    parse_budget,
+    parse_budgets,
+    tune,
+)
+from fastdiff.tune.search import derive_rungs, pareto
+
+SMALL = {  # 2 samplers x 2 steps x 2 caches x 2 windows = 16 candidates (one of them is the baseline)
+    "baseline": "dpm++2m 6",
+    "samplers": ["dpm++2m", "unipc"],
+    "steps": [3, 6],
+    "axes": {"cache": ["", "deepcache(interval=3)"], "guidance": ["", "cfg-interval(start=0.0,end=0.4)"]},
+    "settings": {"images": 20, "rungs": [10, 20], "grid_max": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from fastdiff.zoo.shipped import install_digits
+
+    return install_digits(tmp_path_factory.mktemp("tune") / "digits")
+
+
+# -- budgets --------------------------------------------------------------------------------------------------
+
+
+def test_budget_forms():
+    base = {"accuracy": 0.99, "fd": 10.0}
+    point = parse_budget("accuracy >= -1 point")
+    assert (point.mode, point.value) == ("delta", -0.01) and point.threshold(base) == pytest.approx(0.98)
+    assert parse_budget("accuracy>=-0.01").threshold(base) == pytest.approx(0.98)
+    assert parse_budget("accuracy>=97%").threshold(base) == pytest.approx(0.97)
+    ratio = parse_budget("fd<=1.2x")
+    assert ratio.threshold(base) == pytest.approx(12.0) and str(ratio) == "fd<=1.2x"
+    assert ratio.holds({"fd": 11.9}, base) and not ratio.holds({"fd": 12.1}, base)
+    assert ratio.holds({"fd": 12.1}, base, slack=0.05)  # screening rungs loosen the threshold
+    psnr = parse_budget("psnr>=35")
+    assert psnr.holds({"spec": "b", "is_baseline": True}, base)  # the baseline is identical to itself
+    assert not psnr.holds({"psnr": 30.0}, base)
+    assert len(parse_budgets(["accuracy>=-1 point, fd<=1.2x"])) == 2
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("acc>=-1 point", "unknown metric 'acc'"),
+        ("fd>=1.2x", "upper bound"),
+        ("accuracy<=-1 point", "lower bound"),
+        ("psnr>=1.1x", "absolute value"),
+        ("fd<=0x", "must be positive"),
+        ("accuracy about 1", "cannot read budget"),
+        ("", "empty budget"),
+    ],
+)
+def test_bad_budgets_name_the_problem(text, problem):
+    with pytest.raises(BudgetError, match=problem):
+        parse_budget(text)
+
+
+# -- spaces ---------------------------------------------------------------------------------------------------
+
+
+def test_default_spaces_load_and_enumerate():
+    for family in ("digits", "unet", "dit", "samplers"):
+        space = load_space(default_space(family))
+        candidates, _ = space.candidates(cfg=True)
+        assert candidates and space.baseline not in candidates
+        assert yaml.safe_load(yaml.safe_dump(space.to_dict()))["samplers"] == space.samplers  # YAML-able
+    digits = load_space(default_space("digits"))
+    with_cfg, without_cfg = digits.candidates(cfg=True)[0], digits.candidates(cfg=False)[0]
+    assert len(without_cfg) < len(with_cfg) and not any("cfg-interval" in c for c in without_cfg)
+
+
+def test_conflicts_are_pruned_before_running():
+    space = load_space({"samplers": ["unipc"], "steps": [5], "axes": {
+        "a": ["", "deepcache(interval=3)"], "b": ["", "forecast(order=1,interval=2)"]}})  # fmt: skip
+    candidates, pruned = space.candidates()
+    assert not any("deepcache" in c and "forecast" in c for c in candidates)
+    assert len(candidates) == 3 and sum(pruned.values()) == 1
+    assert "deepcache + forecast" in next(iter(pruned))
+    # two samplers in one candidate (a scheduler option on an axis) are pruned too
+    space = load_space(
+        {"samplers": ["unipc"], "steps": [5], "axes": {"x": ["", "scheduler(name=ddim,steps=4)"]}}
+    )
+    assert space.candidates()[0] == ["scheduler(name=unipc,steps=5)"]
+
+
+@pytest.mark.parametrize(
+    "space, problem",
+    [
+        ({"samplers": ["dpm3"], "steps": [5]}, "unknown sampler preset 'dpm3'"),
+        ({"samplers": ["unipc"], "steps": [0]}, "steps: 0 is not a positive integer"),
+        ({"samplers": ["unipc"]}, "no steps"),
+        ({"samplers": ["unipc"], "steps": [5], "axis": {}}, "unknown key"),
+        (
+            {"samplers": ["unipc"], "steps": [5], "axes": {"c": ["deepcache(intervals=3)"]}},
+            "axis 'c'.*intervals",
+        ),
+        ({"samplers": ["unipc"], "steps": [5], "axes": {"c": []}}, "axis 'c' has no options"),
+        ({"samplers": ["unipc"], "steps": [5], "settings": {"eta": 1}}, "settings.eta"),
+        (
+            {"samplers": ["unipc"], "steps": [5], "settings": {"images": 20, "rungs": [5, 10]}},
+            "must end with",
+        ),
+        ({"samplers": ["unipc"], "steps": [5], "settings": {"speed": 1}}, "unknown settings"),
+        ({"samplers": ["unipc"], "steps": [5], "baseline": "fast 20"}, "baseline"),
+        ({}, "the space is empty"),
+    ],
+)
+def test_bad_spaces_name_the_problem(space, problem):
+    with pytest.raises(SpaceError, match=problem):
+        load_space(space)
+
+
+def test_space_file_and_models(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({
+        "samplers": ["unipc"], "steps": [5], "combine_models": False, "model_steps": [2, 4],
+        "models": [f"student(path={tmp_path}/not-trained-yet,steps={{steps}})"]}))  # fmt: skip
+    space = load_space(path, baseline="ddim 50")
+    assert space.baseline == "scheduler(name=ddim,steps=50)"
+    assert [s["spec"] for s in space.skipped] == [
+        f"student(path={tmp_path}/not-trained-yet,steps={n})" for n in (2, 4)
+    ]
+    (tmp_path / "bad.yaml").write_text("samplers: [unipc\n")
+    with pytest.raises(SpaceError, match="not valid YAML"):
+        load_space(tmp_path / "bad.yaml")
+    with pytest.raises(SpaceError, match="does not exist"):
+        load_space(tmp_path / "missing.yaml")
+
+
+def test_rungs_and_pareto():
+    assert derive_rungs(500, 3, 10) == [50, 160, 500]
+    rows = [
+        {"spec": "a", "speed": 1.0, "speedup": 3.0, "accuracy": 0.9},
+        {"spec": "b", "speed": 2.0, "speedup": 1.5, "accuracy": 0.95},
+        {"spec": "c", "speed": 2.5, "speedup": 1.2, "accuracy": 0.94},  # slower and worse than b
+        {"spec": "d", "speed": 3.0, "speedup": 1.0, "accuracy": 0.99},
+    ]
+    front = pareto(rows, parse_budgets(["accuracy>=-1 point"]), "speed")
+    assert [r["spec"] for r in front] == ["a", "b", "d"]
+
+
+# -- the search, measured on the shipped digits model ------------------------------------------------------------
+
+
+def test_grid_search_finds_fastest_within_budget(digits, tmp_path):
+    space = dict(
+        SMALL, samplers=["unipc"], axes={"cache": ["", "deepcache(interval=3)"]}
+    )  # 4 candidates: grid
+    result = tune(digits, ["psnr>=20", "accuracy>=-5 points"], space=space, guidance=2.0,
+                  cache_dir=tmp_path / "cache", progress=False)  # fmt: skip
+    assert result["strategy"] == "grid" and result["rungs"] == [20]
+    assert result["counts"]["measurements"] == 4 + 1  # candidates + baseline, each measured once
+    best, base = result["best"], result["baseline"]
+    assert best["within_budget"] and best["psnr"] >= 20 and best["accuracy"] >= base["accuracy"] - 0.05
+    rows = [m for c in result["candidates"] for m in c["measurements"]]
+    faster_in_budget = [r for r in rows if r["cpu_seconds_median"] < best["seconds"] and r["psnr"] >= 20 and
+                        r["accuracy"] >= base["accuracy"] - 0.05]  # fmt: skip
+    assert not faster_in_budget
+    assert any(r["spec"] == best["spec"] for r in result["frontier"])
+    fp = FastPipeline.from_pretrained(digits, accelerators=best["spec"])  # the answer is a loadable spec
+    assert [str(c) for c in fp.accelerators] == [s for s in best["spec"].split(";")] or best["spec"] == base[
+        "spec"
+    ]
+
+
+def test_successive_halving_and_resume(digits, tmp_path):
+    kwargs = dict(space=SMALL, guidance=2.0, cache_dir=tmp_path / "cache", progress=False)
+    first = tune(digits, ["accuracy>=-10 points"], **kwargs)
+    assert first["strategy"] == "successive-halving" and first["rungs"] == [10, 20]
+    per_rung = {
+        n: sum(any(m["images"] == n for m in c["measurements"]) for c in first["candidates"])
+        for n in (10, 20)
+    }
+    assert per_rung[10] == first["counts"]["candidates"] == 15 and per_rung[20] == 5  # ceil(15 / 3) survive
+    assert first["best"]["within_budget"] and first["best"]["speedup"] > 1
+    again = tune(digits, ["accuracy>=-10 points"], **kwargs)  # resumed from the cache: nothing measured twice
+    assert again["counts"]["measurements"] == 0 and again["counts"]["cache_hits"] == 15 + 5 + 2
+    assert again["best"]["spec"] == first["best"]["spec"]
+    limited = tune(digits, ["fd<=3x"], space=SMALL, guidance=2.0, time_limit=1e-6, progress=False)
+    assert not limited["complete"] and limited["best"]["spec"] == limited["baseline"]["spec"]
+
+
+def test_cli(digits, tmp_path, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(dict(SMALL, samplers=["unipc"], steps=[3], axes={})))
+    out = tmp_path / "best.json"
+    main(["tune", str(digits), "--budget", "accuracy>=-5 points", "--space", str(space), "--guidance", "2",
+          "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["best"]["spec"] in ("scheduler(name=unipc,steps=3)", result["baseline"]["spec"])
+    assert "best:" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown metric 'acc'"):
+        main(["tune", str(digits), "--budget", "acc>=1", "--out", str(out)])
+    with pytest.raises(SystemExit, match="reports no 'ode_error'"):
+        main(["tune", str(digits), "--budget", "ode_error<=1.1x", "--space", str(space), "--out", str(out),
+              "--no-cache", "--quiet"])  # fmt: skip
