@@ -106,7 +106,7 @@ def test_mismatched_model_sampler_or_nfe_is_refused(tuned):
     with pytest.raises(AcceleratorError, match="tuned for 4 steps .* asks for 8"):
         call(fp, num_inference_steps=8)
     handle.remove()
-    with pytest.raises(AcceleratorError, match="DDIM takes no custom timesteps"):
+    with pytest.raises(AcceleratorError, match="'ddim' cannot be tuned: .*fixed stride"):
         check_sampler(make_scheduler("ddim", default_scheduler().config), "ddim")
 
 
@@ -166,3 +166,25 @@ def test_cli_command_writes_the_schedule(tmp_path, capsys):
     fp = FastPipeline.from_pretrained(model, accelerators=f"scheduler(name=unipc);schedule(path={out})")
     assert fp(batch_size=2, output_type="pt").images.shape == (2, 1, 8, 8)
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps
+
+
+def test_cli_refuses_untunable_samplers_with_the_reason_before_loading(tmp_path):
+    # every sampler issue 10 names is either tuned (test above: unipc; tests of tune: dpm++2m, euler, deis)
+    # or refused with why; the model path need not exist, the refusal comes first
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    for sampler, why in (("ddim", "fixed stride"), ("heun", "two denoiser calls"), ("euler-a", "stochastic")):
+        args = parser.parse_args(
+            [
+                "tune-schedule",
+                str(tmp_path / "missing"),
+                "--sampler",
+                sampler,
+                "--nfe",
+                "4",
+                "--out",
+                "x.json",
+            ]
+        )
+        with pytest.raises(SystemExit, match=f"'{sampler}' cannot be tuned: .*{why}.*Tunable: dpm\\+\\+2m"):
+            args.func(args)

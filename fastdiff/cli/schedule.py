@@ -16,6 +16,7 @@ import sys
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``tune-schedule`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
+    from fastdiff.schedulers.presets import PRESETS
     from fastdiff.schedulers.tuned import TUNABLE
 
     p = subparsers.add_parser(
@@ -23,7 +24,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
-    p.add_argument("--sampler", required=True, choices=TUNABLE, help="sampler preset to tune")
+    p.add_argument(
+        "--sampler",
+        required=True,
+        choices=list(PRESETS),
+        metavar="SAMPLER",
+        help=f"sampler preset to tune: {', '.join(TUNABLE)} (the others are refused with the reason)",
+    )
     p.add_argument("--nfe", type=int, required=True, help="denoiser calls (= steps for these samplers)")
     p.add_argument("--out", required=True, help="write the schedule JSON here")
     p.add_argument("--seeds", type=int, default=8, help="calibration seeds (1000, 1001, ...); default 8")
@@ -45,8 +52,11 @@ def run(args) -> dict:
 
     from fastdiff.cli.main import resolve_model
     from fastdiff.core.pipeline import FastPipeline
+    from fastdiff.schedulers.tuned import untunable_reason
     from fastdiff.schedulers.tuning import tune
 
+    if reason := untunable_reason(args.sampler):  # before loading the model
+        raise SystemExit(f"error: {reason}")
     if args.threads:
         torch.set_num_threads(args.threads)
     pipe = FastPipeline.from_pretrained(resolve_model(args.model, args.size)).unwrap()

@@ -56,6 +56,27 @@ ROUTES = {
     "DEISMultistepScheduler": "arrays",
 }
 TUNABLE = ("dpm++2m", "unipc", "deis", "euler")  # deterministic presets, one denoiser call per step
+# why the other presets are refused (``untunable_reason``)
+NOT_TUNABLE = {
+    "ddim": "DDIMScheduler steps from each timestep by a fixed stride of num_train_timesteps // K and takes no "
+    "custom timesteps; its update is first-order DPM-Solver++, so tune dpm++2m instead",
+    "dpm++2m-karras": "its sigmas are fixed to the Karras spacing; tune dpm++2m, whose search starts from Karras",
+    "heun": "two denoiser calls per step",
+    "dpm++sde": "stochastic, and two denoiser calls per step",
+    "ddpm": "stochastic: no deterministic K-step answer to fit",
+    "euler-a": "stochastic: no deterministic K-step answer to fit",
+    "dpm++2m-sde": "stochastic: no deterministic K-step answer to fit",
+    "pndm": "PNDMScheduler derives its timesteps from its own warm-up and takes no custom timesteps",
+    "lcm": "only for LCM-distilled models, which fix their own timesteps",
+}
+
+
+def untunable_reason(sampler: str) -> str | None:
+    """None if ``sampler`` can be tuned, else the refusal (naming why, and the tunable presets)."""
+    if sampler in TUNABLE:
+        return None
+    why = NOT_TUNABLE.get(sampler, "not a sampler preset")
+    return f"sampler {sampler!r} cannot be tuned: {why}. Tunable: {', '.join(TUNABLE)}"
 
 
 def model_hash(pipe) -> str:
@@ -86,9 +107,8 @@ def sigma_table(scheduler) -> torch.Tensor:
 
 def check_sampler(scheduler, sampler: str) -> str:
     """Refuse unless ``scheduler`` is preset ``sampler`` (class and the flags presets set); return its route."""
-    if sampler not in TUNABLE:
-        hint = " (DDIM takes no custom timesteps)" if sampler == "ddim" else ""
-        raise AcceleratorError(f"sampler {sampler!r} cannot be tuned{hint}; tunable: {', '.join(TUNABLE)}")
+    if reason := untunable_reason(sampler):
+        raise AcceleratorError(reason)
     cls_name, flags, _ = PRESETS[sampler]
     have = type(scheduler).__name__
     if have != cls_name:
