@@ -212,3 +212,18 @@ def test_cli(digits, tmp_path, capsys):
     with pytest.raises(SystemExit, match="reports no 'ode_error'"):
         main(["tune", str(digits), "--budget", "ode_error<=1.1x", "--space", str(space), "--out", str(out),
               "--no-cache", "--quiet"])  # fmt: skip
+
+
+def test_no_setting_meets_an_absolute_budget(digits, tmp_path):
+    space = dict(SMALL, samplers=["unipc"], steps=[3], axes={})
+    result = tune(digits, ["accuracy>=101%"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False)
+    assert result["best"] is None and not result["baseline"]["within_budget"]
+    with pytest.raises(SystemExit, match="no measured setting meets"):
+        main(["tune", str(digits), "--budget", "accuracy>=101%", "--space", str(_write(tmp_path, space)),
+              "--guidance", "2", "--out", str(tmp_path / "none.json"), "--cache", str(tmp_path), "--quiet"])  # fmt: skip
+
+
+def _write(tmp_path, space):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path

@@ -82,6 +82,13 @@ def run(args) -> dict:
         "fastdiff " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["tune"] else None
     )
     best = result["best"]
+    if best is None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        raise SystemExit(
+            f"error: no measured setting meets {', '.join(result['budgets'])}, not even the baseline "
+            f"{result['baseline']['spec']}; measurements are in {args.out}"
+        )
     if compare:
         configs = [("baseline", result["baseline"]["spec"]), *compare, ("best", best["spec"])]
         bench = side_by_side(model, configs, images=result["settings"]["images"], guidance=args.guidance,

@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from fastdiff.tune.budget import Budget, parse_budgets, slack_for
+from fastdiff.tune.budget import VS_BASELINE, Budget, parse_budgets, slack_for
 from fastdiff.tune.measure import Measurer
 from fastdiff.tune.space import Space, baseline_spec, default_space, family_of, load_space
 
@@ -78,7 +78,7 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         base_rows[n] = measurer.measure(space.baseline, n, baseline=True)
         bar.update()
         for budget in budgets:
-            if budget.mode != "absolute" and base_rows[n].get(budget.metric) is None:
+            if budget.metric not in VS_BASELINE and base_rows[n].get(budget.metric) is None:
                 raise ValueError(f"budget {budget}: {Path(model).name} reports no {budget.metric!r} "
                                  f"(it reports {', '.join(k for k in ('accuracy', 'fd', 'ode_error') if k in base_rows[n]) or 'only psnr/ssim'})")  # fmt: skip
     rows: dict[str, dict[int, dict]] = {spec: {} for spec in candidates}
@@ -102,7 +102,9 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         row["speedup"] = base_full[speed] / row[speed]
         row["within_budget"] = all(b.holds(row, base_full) for b in budgets)
     feasible = [r for r in [base_full, *measured] if r["within_budget"]]
-    best = min(feasible, key=lambda r: r[speed])
+    best = (
+        min(feasible, key=lambda r: r[speed]) if feasible else None
+    )  # an absolute budget the baseline misses
     return {
         "model": str(model),
         "model_hash": measurer.model_hash,
@@ -115,7 +117,7 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         "space": space.to_dict(),
         "pruned": pruned,
         "baseline": base_full,
-        "best": {"spec": best["spec"], "speedup": best["speedup"], **_metrics(best, speed)},
+        "best": best and {"spec": best["spec"], "speedup": best["speedup"], **_metrics(best, speed)},
         "frontier": pareto([base_full, *measured], budgets, speed),
         "candidates": [{"spec": s, "measurements": list(rows[s].values())} for s in candidates if rows[s]],
         "counts": {
