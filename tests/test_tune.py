@@ -227,3 +227,16 @@ def _write(tmp_path, space):
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     return path
+
+
+def test_cache_is_per_baseline(digits, tmp_path):
+    space = dict(SMALL, samplers=["unipc"], steps=[3], axes={})
+    first = tune(digits, ["psnr>=10"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False)
+    other = tune(
+        digits, ["psnr>=10"], space=space, baseline="ddim 4", guidance=2.0, cache_dir=tmp_path, progress=False
+    )
+    assert (
+        other["baseline"]["spec"] == "scheduler(name=ddim,steps=4)" and other["counts"]["measurements"] == 2
+    )
+    psnr = [c["measurements"][0]["psnr"] for c in (first["candidates"][0], other["candidates"][0])]
+    assert psnr[0] != psnr[1]  # the candidate's PSNR is against each baseline's own images

@@ -4,7 +4,8 @@ Every measurement is one ``run_bench`` call on a shared pipeline (same inputs fr
 same timing and quality code as ``fastdiff bench``); the images of the timed call are kept so PSNR/SSIM are
 computed against the baseline's images at the same size (``fastdiff.eval.fidelity``, as bench does).
 Results are cached as JSON under ``cache_dir``, keyed by the spec, the model's hash, the fastdiff version and
-the measurement settings (images, guidance, seed, runs, warm-up, threads, steps), so an interrupted search
+the measurement settings (images, guidance, seed, runs, warm-up, threads, steps) and, for candidates, the
+baseline (their PSNR/SSIM are against its images), so an interrupted search
 resumes where it stopped. Cached timings come from the run that made them.
 
 Example::
@@ -117,6 +118,7 @@ class Measurer:
         self.version = fastdiff_version()
         self.cache_dir = Path(cache_dir) / self.model_hash[:16] if cache_dir else None
         self.references: dict[int, np.ndarray] = {}
+        self.baseline_spec: str | None = None
         self.hits = 0
         self.runs = 0
 
@@ -134,14 +136,20 @@ class Measurer:
         scale = self.facts.default_guidance if self.guidance is None else self.guidance
         return bool(self.facts.cfg_layout) and scale > 1
 
-    def key(self, spec: str, images: int) -> str:
+    def key(self, spec: str, images: int, baseline: bool = False) -> str:
+        # a candidate's PSNR/SSIM are against the baseline's images, so its key names the baseline too
+        versus = None if baseline else self.baseline_spec
         blob = {"spec": spec, "model": self.model_hash, "fastdiff": self.version, "images": images,
-                "paths": _fingerprint(spec), **self.settings}  # fmt: skip
+                "paths": _fingerprint(spec), "versus": versus, **self.settings}  # fmt: skip
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:32]
 
     def measure(self, spec: str, images: int, baseline: bool = False) -> dict[str, Any]:
         """The row of ``spec`` on ``images`` images (cached); the baseline's images become the PSNR reference."""
-        key = self.key(spec, images)
+        if baseline:
+            if self.baseline_spec not in (None, spec):
+                self.references.clear()  # another baseline: its images become the reference
+            self.baseline_spec = spec
+        key = self.key(spec, images, baseline)
         cached = self._load(key, baseline)
         if cached is not None:
             self.hits += 1
