@@ -78,3 +78,20 @@ def test_conflicts_with_hooks_inside_one_model(dirs):
     fp = FastPipeline.from_pretrained(dirs["ddpm"])
     with pytest.raises(AcceleratorError, match="conflicts"):
         fp.accelerate("experts(models=self|self,boundaries=0.5);deepcache")
+
+
+def test_pruned_compress_output_takes_the_high_noise_steps(dirs, tmp_path):
+    from fastdiff.compress.recover import compress_model
+
+    pruned = tmp_path / "pruned"
+    compress_model(dirs["ddpm"], pruned, "prune(ratio=0.5)", recover_steps=0, progress=False)
+    fp = FastPipeline.from_pretrained(dirs["ddpm"])
+    fp.set_progress_bar_config(disable=True)
+    expert_calls = []
+    handle = fp.accelerate(f"experts(models={pruned}|self,boundaries=0.25)")
+    expert = handle.handles[0].info["experts"][0]
+    assert expert.config.block_out_channels != fp.denoiser.config.block_out_channels  # the pruned widths
+    expert.register_forward_hook(lambda *_: expert_calls.append(fp.context.progress))
+    run(fp)
+    assert expert_calls == [0.0] and fp.context.nfe == 4  # 1 of 4 steps on the pruned model, the first
+    handle.remove()
