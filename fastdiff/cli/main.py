@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "tune")
+COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,97 @@
+"""Request validation for ``POST /v1/generate``: a pydantic model built once per server from its model and limits.
+
+Every limit is a pydantic constraint, so a bad value is a 422 whose ``detail`` names the field (``loc``) and
+what is allowed. Unknown fields are refused (``extra="forbid"``): nothing else is taken from a client, and in
+particular no file path or accelerator spec (profiles are fixed at start and chosen by name).
+
+Example::
+
+    from fastdiff.serving.schemas import Limits, ModelFacts, request_model
+
+    Request = request_model(ModelFacts(kind="label", num_classes=10, size_factor=4, fixed_size=16),
+                            Limits(), profiles=("fast", "quality"))
+    Request(label=3, steps=10, profile="fast")          # ok
+    Request(label=12)                                    # ValidationError at ("label",): <= 9
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; ``max_body_bytes`` is enforced before the JSON is parsed (413)."""
+
+    max_steps: int = 200
+    max_count: int = 8
+    max_side: int = 1024
+    max_prompt_chars: int = 500
+    max_guidance: float = 30.0
+    max_body_bytes: int = 16_384
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the served model takes: ``kind`` "prompt" (text models) or "label" (class-conditional)."""
+
+    kind: Literal["prompt", "label"]
+    num_classes: int = 0
+    size_factor: int = 8  # width and height must be multiples of this
+    fixed_size: int | None = None  # pixel-space models with one image size (digits: 16)
+    default_size: int | None = None
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+def request_model(facts: ModelFacts, limits: Limits, profiles: tuple[str, ...]) -> type[BaseModel]:
+    """The request class of a server over a model with ``facts``, bounded by ``limits``, offering ``profiles``."""
+    if not profiles:
+        raise ValueError("at least one profile is needed")
+    text = Field(min_length=1, max_length=limits.max_prompt_chars)
+    if facts.fixed_size is not None:  # the model makes one size: allow only that size
+        side: Any = Field(default=None, ge=facts.fixed_size, le=facts.fixed_size)
+    else:
+        side = Field(default=None, ge=facts.size_factor, le=limits.max_side, multiple_of=facts.size_factor)
+    fields: dict[str, Any] = {
+        "steps": (int | None, Field(default=None, ge=1, le=limits.max_steps)),
+        "guidance": (float | None, Field(default=None, ge=0.0, le=limits.max_guidance, allow_inf_nan=False)),
+        "seed": (int | None, Field(default=None, ge=0, le=MAX_SEED)),
+        "width": (int | None, side),
+        "height": (int | None, side),
+        "count": (int, Field(default=1, ge=1, le=limits.max_count)),
+        "profile": (Literal[profiles], Field(default=profiles[0])),  # type: ignore[valid-type]
+    }
+    if facts.kind == "prompt":
+        fields["prompt"] = (str, text)
+        fields["negative_prompt"] = (str | None, Field(default=None, max_length=limits.max_prompt_chars))
+    else:
+        fields["label"] = (int, Field(ge=0, le=facts.num_classes - 1))
+    return create_model("GenerateRequest", __base__=_Base, **fields)
+
+
+class Timings(BaseModel):
+    queue_s: float = Field(description="from arrival to the start of its batch")
+    denoise_s: float = Field(
+        description="the batch's pipeline call up to its last step (text encoding included)"
+    )
+    decode_s: float = Field(description="the batch's decode and post-processing after the last step")
+    total_s: float = Field(description="arrival to response")
+
+
+class GenerateResponse(BaseModel):
+    images: list[str] = Field(description="base64 PNGs")
+    seeds: list[int] = Field(
+        description="the seed of each image: the image depends only on it and the request"
+    )
+    profile: str
+    spec: str = Field(description="the profile's accelerator specs ('' for none)")
+    batch_size: int = Field(description="images in the pipeline call this request was part of")
+    timings: Timings
