@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -206,4 +207,12 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     if host not in ("127.0.0.1", "localhost", "::1") and app.state.config.token is None:
         log.warning("serving on %s without a token: anyone who can reach it can use it (--token-file)", host)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+    # uvicorn handles SIGINT/SIGTERM gracefully, then re-raises the signal under the handlers it found: make
+    # that handler a clean exit (status 0) once the shutdown is done.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
     server.run()
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
