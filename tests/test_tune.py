@@ -240,3 +240,16 @@ def test_cache_is_per_baseline(digits, tmp_path):
     )
     psnr = [c["measurements"][0]["psnr"] for c in (first["candidates"][0], other["candidates"][0])]
     assert psnr[0] != psnr[1]  # the candidate's PSNR is against each baseline's own images
+
+
+def test_backfill_when_no_survivor_holds(digits, tmp_path):
+    # at 40 images "-1 point" vs a 100% baseline allows no miss; the fastest survivors of the 20-image screen
+    # tend to miss one image, and then the next plausible candidates are measured in full until one holds
+    space = dict(SMALL, steps=[4, 6, 10], settings={"images": 40, "rungs": [20, 40], "eta": 3})
+    result = tune(
+        digits, ["accuracy>=-1 point"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False
+    )
+    full = [m for c in result["candidates"] for m in c["measurements"] if m["images"] == 40]
+    assert result["baseline"]["accuracy"] == 1.0
+    assert any(m["accuracy"] == 1.0 for m in full) and result["best"]["spec"] != result["baseline"]["spec"]
+    assert result["best"]["accuracy"] == 1.0 and result["best"]["speedup"] > 1

@@ -5,7 +5,8 @@ given), prunes declared conflicts, measures the baseline and the candidates with
 (``fastdiff.tune.measure``) and returns a JSON-able dict. Small spaces (at most ``settings.grid_max``
 candidates) are measured in full (grid). Larger ones go through successive halving: every candidate on few
 images, then the best ``1/eta`` (those plausibly within budget first, by speed; then the nearest misses) on more
-images, up to the full measurement, where the budget is judged without slack. Speed is process CPU time per
+images, up to the full measurement, where the budget is judged without slack; if none of the survivors holds
+there, the next plausible candidates of the last screening rung are measured in full, a few at a time (backfill). Speed is process CPU time per
 call (``timing="cpu"``, the steadier figure on a shared machine) or wall time.
 
 Example::
@@ -83,17 +84,30 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
                                  f"(it reports {', '.join(k for k in ('accuracy', 'fd', 'ode_error') if k in base_rows[n]) or 'only psnr/ssim'})")  # fmt: skip
     rows: dict[str, dict[int, dict]] = {spec: {} for spec in candidates}
     alive, complete = list(candidates), True
-    for level, n in enumerate(rungs):
-        for spec in alive:
+    reserve: list[str] = []  # plausible candidates of the last screening rung that were not promoted
+
+    def run_rung(specs: list[str], n: int) -> bool:
+        for spec in specs:
             if deadline is not None and time.perf_counter() > deadline:
-                complete = False
-                break
+                return False
             bar.set_postfix_str(f"@{n} {spec[:60]}")
             rows[spec][n] = measurer.measure(spec, n)
             bar.update()
+        return True
+
+    for level, n in enumerate(rungs):
+        complete = run_rung(alive, n)
         if not complete or level == len(rungs) - 1:
             break
-        alive = promote(alive, rows, n, full, budgets, base_rows[n], speed, settings)
+        order, plausible = rank(alive, rows, n, full, budgets, base_rows[n], speed)
+        keep = _keep_count(len(alive), settings)
+        alive, reserve = order[:keep], [s for s in order[keep:] if s in plausible]
+    base_full = dict(base_rows[full], name="baseline")
+    while complete and reserve and not any(_holds(rows[s].get(full), budgets, base_full) for s in candidates):
+        # nothing promoted held at full size: measure the next plausible ones in rank order (backfill)
+        batch, reserve = reserve[: settings["min_keep"]], reserve[settings["min_keep"] :]
+        bar.total += len(batch)
+        complete = run_rung(batch, full)
     bar.close()
 
     base_full = dict(base_rows[full], name="baseline")
@@ -156,12 +170,17 @@ def _keep_count(alive: int, settings: dict) -> int:
     return min(alive, max(settings["min_keep"], math.ceil(alive / settings["eta"])))
 
 
-def promote(alive: list[str], rows: dict, n: int, full: int, budgets: list[Budget], baseline: dict, speed: str,
-            settings: dict) -> list[str]:  # fmt: skip
-    """The candidates to measure on the next rung, 1/eta of them (at least ``min_keep``).
+def _holds(row: dict | None, budgets: list[Budget], baseline: dict) -> bool:
+    return row is not None and "error" not in row and all(b.holds(row, baseline) for b in budgets)
+
+
+def rank(alive: list[str], rows: dict, n: int, full: int, budgets: list[Budget], baseline: dict,
+         speed: str) -> tuple[list[str], set[str]]:  # fmt: skip
+    """Candidates in promotion order after rung ``n``, and the set of those plausibly within budget.
 
     Order: those within budget at this rung and those within it only with the screening slack (for ``n`` <
-    ``full`` images), alternately, each by speed; then the others by how far they miss.
+    ``full`` images), alternately, each by speed; then the others by how far they miss. The caller keeps the
+    first 1/eta (at least ``min_keep``).
     """
 
     def group(spec: str):
@@ -184,8 +203,8 @@ def promote(alive: list[str], rows: dict, n: int, full: int, budgets: list[Budge
     keyed = sorted((group(s), s) for s in alive)
     within = [[s for k, s in keyed if k[0] == g] for g in (0, 1)]
     order = [s for pair in itertools.zip_longest(*within) for s in pair if s is not None]
-    order += [s for k, s in keyed if k[0] == 2]
-    return order[: _keep_count(len(alive), settings)]
+    order += [s for k, s in keyed if k[0] >= 2]
+    return order, set(within[0]) | set(within[1])
 
 
 def pareto(rows: list[dict], budgets: list[Budget], speed: str) -> list[dict]:
