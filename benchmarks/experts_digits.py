@@ -185,7 +185,25 @@ def table(result: dict) -> str:
     floor = next(iter(result["rows"].values())).get("fd_floor")
     if floor is not None:
         lines.append(f"\nFD floor (real train vs test images): {floor:.2f}.")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", verdict(result)])
+
+
+def verdict(result: dict) -> str:
+    """The target (>= 1.5x CPU, accuracy within 1 point, FD within 10%): met by which boundary, or each miss."""
+    parts = []
+    for name, r in result["rows"].items():
+        if not name.startswith("experts"):
+            continue
+        misses = []
+        if r["cpu_speedup"] < 1.5:
+            misses.append(f"speed {r['cpu_speedup']:.2f}x < 1.5x")
+        if r["accuracy_drop_points"] > 1:
+            misses.append(f"accuracy -{r['accuracy_drop_points']:.1f} points > 1")
+        if r["fd_vs_full"] > 0.10:
+            misses.append(f"FD {r['fd_vs_full']:+.0%} > +10%")
+        parts.append(f"{name}: " + ("meets it" if not misses else "misses it (" + "; ".join(misses) + ")"))
+    met = any(r["meets_target"] for n, r in result["rows"].items() if n.startswith("experts"))
+    return f"Target {'met' if met else 'missed'}: " + "; ".join(parts) + "."
 
 
 def main() -> None:
