@@ -33,7 +33,7 @@ import pkgutil
 import typing
 from typing import Any, ClassVar
 
-KIND_ORDER = ("compress", "attention", "cache", "guidance", "text", "sampler", "compile")
+KIND_ORDER = ("compress", "attention", "cache", "guidance", "parallel", "text", "sampler", "compile")
 
 REGISTRY: dict[str, type[Accelerator]] = {}
 
@@ -94,6 +94,7 @@ FAMILIES = (
     "fastdiff.guidance",
     "fastdiff.compress",
     "fastdiff.distill",
+    "fastdiff.parallel",
 )
 
 

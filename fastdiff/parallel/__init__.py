@@ -1,0 +1,7 @@
+"""Several processes (devices) per pipeline call, on ``torch.distributed`` (gloo on CPU, nccl on GPU).
+
+- ``parallel(mode=cfg,devices=2)``: the two classifier-free-guidance branches run on two ranks at once.
+- ``fastdiff.parallel.launch.launch(fn, devices)``: start ``devices`` worker processes with a process group
+  (what ``torchrun`` does), run ``fn(rank, ...)`` in each and return rank 0's result; a rank that dies or
+  hangs ends the call with an error and no process is left behind.
+"""

@@ -1,0 +1,96 @@
+"""Start N worker processes with a ``torch.distributed`` process group and collect rank 0's result.
+
+``torchrun --nproc-per-node N script.py`` does the same for a user's script; ``launch`` is for callers that
+start the workers themselves (``fastdiff generate --devices N``, the tests). Built on
+``torch.multiprocessing.start_processes``: when one worker fails, the others are terminated and the error
+(with the worker's traceback) is raised in the caller; a worker that hangs makes the others' collectives time
+out after ``timeout_s``, which ends the run the same way.
+
+Example::
+
+    from fastdiff.parallel.launch import launch
+
+    def work(rank, world):
+        import torch.distributed as dist
+        return dist.get_world_size()
+
+    assert launch(work, devices=2) == 2
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+
+class ParallelError(RuntimeError):
+    """A worker process failed, died or timed out; the message names the rank and the cause.
+
+    ``pids``: the worker processes' ids (all ended when the error is raised).
+    """
+
+    pids: list[int] = []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_group(rank: int, world: int, port: int, timeout_s: float = 60.0, backend: str | None = None) -> None:
+    """Join the process group of ``world`` ranks on 127.0.0.1:``port`` (gloo on CPU, nccl with CUDA)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    backend = backend or (
+        "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    )
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def _worker(rank, fn, world, port, timeout_s, threads, result_dir, args):
+    torch.set_num_threads(threads)
+    init_group(rank, world, port, timeout_s)
+    try:
+        result = fn(rank, world, *args)
+        if rank == 0:
+            torch.save(result, Path(result_dir) / "result.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1):
+    """Run ``fn(rank, devices, *args)`` in ``devices`` processes of one process group; rank 0's return value.
+
+    ``fn`` must be importable (a module-level function): the workers are spawned, not forked. Each worker uses
+    ``threads`` torch threads. Raises ParallelError naming the failed rank.
+    """
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    with tempfile.TemporaryDirectory(prefix="fastdiff-parallel-") as tmp:
+        context = mp.start_processes(_worker, args=(fn, devices, free_port(), timeout_s, threads, tmp, args),
+                                     nprocs=devices, join=False, start_method="spawn")  # fmt: skip
+        try:
+            while not context.join():
+                pass
+        except ProcessException as error:  # join() has terminated the other workers
+            failed = ParallelError(f"parallel run of {devices} processes failed: rank {error.error_index}: "
+                                   f"{str(error).strip().splitlines()[-1]}")  # fmt: skip
+            failed.pids = context.pids()
+            raise failed from error
+        finally:
+            for process in context.processes:  # never leave a worker behind
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+        return torch.load(Path(tmp) / "result.pt", weights_only=False)

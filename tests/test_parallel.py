@@ -1,0 +1,83 @@
+"""parallel(mode=cfg): two gloo processes give the single-process images; refusals; a killed worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.parallel.launch import ParallelError, launch
+from fastdiff.parallel.run import generate
+from fastdiff.zoo import build
+
+CALL = {"prompt": ["a red circle", "a blue square"], "num_inference_steps": 4, "guidance_scale": 5.0}
+SPECS = ["scheduler(name=dpm++2m,steps=4)", "scheduler(name=dpm++2m,steps=4);deepcache(interval=2)"]
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    return build("tiny-sd", tmp_path_factory.mktemp("par") / "tiny-sd", size="test")
+
+
+def _single(model, specs):
+    return generate(0, 1, str(model), specs, CALL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_two_ranks_give_the_single_process_images(tiny_sd):
+    single = _single(tiny_sd, SPECS)
+    two = launch(generate, 2, str(tiny_sd), [f"{s};parallel(mode=cfg,devices=2)" for s in SPECS], CALL)
+    for (
+        specs
+    ) in SPECS:  # half-batch kernels round differently: measured max difference 1.4e-6 (pixels in [0, 1])
+        np.testing.assert_allclose(two[f"{specs};parallel(mode=cfg,devices=2)"]["images"], single[specs]["images"],
+                                   atol=1e-5, err_msg=specs)  # fmt: skip
+
+
+def _kill_rank_one(rank, world, model):
+    fp = FastPipeline.from_pretrained(model, accelerators="parallel(mode=cfg,devices=2)")
+    fp.pipe.set_progress_bar_config(disable=True)
+
+    def die(pipe, step, timestep, kwargs):
+        if rank == 1 and step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return kwargs
+
+    return fp(**CALL, output_type="np", callback_on_step_end=die).images
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_killed_worker_ends_the_call_with_an_error_and_leaves_no_process(tiny_sd):
+    start = time.monotonic()
+    with pytest.raises(ParallelError, match="rank 1") as failed:
+        launch(_kill_rank_one, 2, str(tiny_sd), timeout_s=20)
+    assert time.monotonic() - start < 90 and len(failed.value.pids) == 2
+    alive = [p for p in failed.value.pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive
+
+
+def test_refusals_name_the_problem(tiny_sd, tmp_path):
+    fp = FastPipeline.from_pretrained(tiny_sd)
+    with pytest.raises(AcceleratorError, match="torchrun"):
+        fp.accelerate("parallel(mode=cfg,devices=2)")
+    with pytest.raises(AcceleratorError, match="devices must be 2"):
+        fp.accelerate("parallel(mode=cfg,devices=3)")
+    with pytest.raises(AcceleratorError, match="mode must be one of"):
+        fp.accelerate("parallel(mode=pipeline)")
+    with pytest.raises(AcceleratorError, match="cfg-interval|denoiser.batch"):
+        fp.accelerate("cfg-interval(start=0.2,end=0.8);parallel(mode=cfg,devices=2)")
+    assert not fp.accelerators
+    ddpm = FastPipeline.from_pretrained(build("tiny-ddpm", tmp_path / "ddpm", size="test"))
+    with pytest.raises(Exception, match="classifier-free guidance"):
+        ddpm.accelerate("parallel(mode=cfg,devices=2)")
+    with pytest.raises(ValueError, match="devices"):
+        launch(generate, 0)
+    assert torch.get_num_threads() >= 1
