@@ -81,3 +81,17 @@ def test_refusals_name_the_problem(tiny_sd, tmp_path):
     with pytest.raises(ValueError, match="devices"):
         launch(generate, 0)
     assert torch.get_num_threads() >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_generate_devices_2_writes_the_single_process_images(tiny_sd, tmp_path):
+    from PIL import Image
+
+    from fastdiff.cli.main import main
+
+    common = [str(tiny_sd), "--prompt", "a red circle", "--steps", "3", "--guidance", "4", "--seed", "3"]
+    main(["generate", *common, "--out", str(tmp_path / "one")])
+    main(["generate", *common, "--out", str(tmp_path / "two"), "--devices", "2"])
+    one, two = (np.asarray(Image.open(tmp_path / d / "grid.png"), dtype=np.int16) for d in ("one", "two"))
+    assert np.abs(one - two).max() <= 1  # 8-bit PNGs of images equal to about 1e-6

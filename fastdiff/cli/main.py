@@ -107,8 +107,8 @@ def cmd_generate(args) -> None:
     from fastdiff import FastPipeline
     from fastdiff.eval.grid import save_grid, save_images
 
-    fp = FastPipeline.from_pretrained(resolve_model(args.model, args.size), accelerators=args.accel or None)
-    call = {"output_type": "np", "generator": torch.Generator().manual_seed(args.seed)}
+    model = resolve_model(args.model, args.size)
+    call = {}
     if args.prompt:
         call["prompt"] = args.prompt
     if args.label:
@@ -119,7 +119,16 @@ def cmd_generate(args) -> None:
         value = getattr(args, key)
         if value is not None:
             call[key] = value
-    images = fp(**call).images
+    if args.devices > 1:  # worker processes with a process group, one guidance branch each
+        from fastdiff.parallel.run import generate_parallel
+
+        specs = args.accel or ""
+        if "parallel(" not in specs:
+            specs = ";".join(filter(None, [specs, f"parallel(mode=cfg,devices={args.devices})"]))
+        images = generate_parallel(model, specs, call, args.devices, args.seed)["images"]
+    else:
+        fp = FastPipeline.from_pretrained(model, accelerators=args.accel or None)
+        images = fp(**call, output_type="np", generator=torch.Generator().manual_seed(args.seed)).images
     paths = save_images(images, args.out)
     save_grid(images, Path(args.out) / "grid.png", scale=max(1, 128 // images.shape[1]))
     print(f"wrote {len(paths)} images and grid.png to {args.out}")
@@ -237,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=int)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True)
+    gen.add_argument("--devices", type=int, default=1,
+                     help="worker processes (gloo on CPU, nccl on GPUs) for parallel(mode=cfg); started and stopped here")  # fmt: skip
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="time split and top operators of one call")
