@@ -1,0 +1,68 @@
+"""parallel(mode=cfg): 2 processes x 1 thread vs 1 process x 1 thread, dpm++2m 20, same seed, side by side.
+
+Run alone on the 2-core machine (both cores are needed), under the shared lock::
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_cfg.py   # results/parallel_cfg.json
+
+Models: tiny-sd (bench size, guidance 7.5, 2 prompts) and the digits reference (guidance 2, 100 images).
+Each setting runs in freshly launched worker processes (one for the baseline, two for parallel): one untimed
+warm-up call, then ``--runs`` timed calls alternating baseline and parallel; the speedup is the ratio of the
+median wall times. The images of the two settings are compared (max absolute difference, pixels in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from fastdiff.eval.bench import make_inputs
+from fastdiff.parallel.launch import launch
+from fastdiff.parallel.run import generate
+from fastdiff.zoo import build
+from fastdiff.zoo.shipped import ensure_digits
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SAMPLER = "scheduler(name=dpm++2m,steps=20)"
+
+
+def measure(model, call: dict, runs: int) -> dict:
+    single, two, diffs = [], [], []
+    for _ in range(runs):  # alternate, so load changes hit both settings
+        one = launch(generate, 1, str(model), [SAMPLER], call, 0, True)[SAMPLER]
+        par_spec = f"{SAMPLER};parallel(mode=cfg,devices=2)"
+        par = launch(generate, 2, str(model), [par_spec], call, 0, True)[par_spec]
+        single.append(one["seconds"])
+        two.append(par["seconds"])
+        diffs.append(float(np.abs(one["images"] - par["images"]).max()))
+    return {"single_seconds": single, "parallel_seconds": two, "speedup": statistics.median(single) / statistics.median(two),
+            "max_abs_difference": max(diffs), "images": int(one["images"].shape[0])}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    args = parser.parse_args()
+    from diffusers import DiffusionPipeline
+
+    models = {"tiny-sd": build("tiny-sd", args.cache / "tiny-sd-bench", size="bench"),
+              "digits": ensure_digits(args.cache / "digits")}  # fmt: skip
+    out = {}
+    for name, model in models.items():
+        pipe = DiffusionPipeline.from_pretrained(model)
+        call = make_inputs(pipe, 100 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
+        out[name] = {
+            "call": {k: v for k, v in call.items() if k != "prompt"},
+            **measure(model, call, args.runs),
+        }
+        print(name, json.dumps({k: v for k, v in out[name].items() if k != "call"}), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "parallel_cfg.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
