@@ -29,10 +29,11 @@ def training_records(root: Path) -> dict:
             for sub in sorted(root.glob(f"{name}/steps-*/fastdiff_distill.json")):
                 rounds[sub.parent.name] = json.loads(sub.read_text()).get("train", {})
         reports = list(rounds.values()) if rounds else [info.get("train", {})]
+        logs = sorted((root / name).glob("steps-*/loss.csv")) or [root / name / "loss.csv"]
         records[name] = {
             "command": info.get("command"),
             "train_steps": sum(r.get("steps", 0) for r in reports),
-            "wall_seconds": round(sum(r.get("seconds", 0) for r in reports), 1),
+            "wall_seconds": round(sum(_logged_seconds(log) for log in logs if log.is_file()), 1),
             "peak_memory_mib": max((r.get("peak_memory_mib", 0) for r in reports), default=None),
             "device": sorted({r.get("device") for r in reports if r.get("device")}),
             "trainable_parameters": reports[0].get("trainable_parameters"),
@@ -42,6 +43,17 @@ def training_records(root: Path) -> dict:
             },
         }
     return records
+
+
+def _logged_seconds(log: Path) -> float:
+    """Training seconds in a loss.csv, summed over resumed segments (the clock restarts at each resume)."""
+    total, last = 0.0, 0.0
+    for line in log.read_text().splitlines()[1:]:
+        seconds = float(line.split(",")[3])
+        if seconds < last:
+            total += last
+        last = seconds
+    return total + last
 
 
 def bench_table(result: dict) -> str:
