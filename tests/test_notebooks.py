@@ -17,7 +17,7 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # measured at CI size on the 2-core machine; > 20 s is marked slow (slow tests still run in `make test`)
-SLOW = {"02_sampler_sweep", "03_accelerator_sweep", "04_autotune"}
+SLOW = {"01_quickstart", "02_sampler_sweep", "03_accelerator_sweep", "04_autotune"}
 NAMES = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 
 
