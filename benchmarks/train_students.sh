@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train every digits student that benchmarks/distill_bench.sh measures (README: Distillation).
 # Usage: benchmarks/train_students.sh [OUT_ROOT]   (default /tmp/fastdiff-students; re-running resumes)
-# On 2 CPU cores (2 torch threads) the whole set takes about 80 minutes; each run's wall time and peak
+# Run with OMP_NUM_THREADS=1: on 2 CPU cores shared with other work the set took about 40 minutes of training
+# (README: Distillation has each run); each run's wall time and peak
 # memory are printed by /usr/bin/time and recorded in the student's fastdiff_distill.json.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-students}
@@ -18,8 +19,8 @@ run() {  # run NAME CMD...: skip a finished run, resume an interrupted one
   /usr/bin/time -f "== $name: %e s wall, peak RSS %M KiB" "$@" $resume 2>&1 | tr '\r' '\n' | grep -E "^== |Error|error" || true
 }
 G2="--guidance-range 2"
-run cons-g2 $FD distill consistency "$TEACHER" "$ROOT/cons-g2" $G2 --train-steps 2000 --batch 64 --save-every 200
-run lcm-lora-g2 $FD distill consistency "$TEACHER" "$ROOT/lcm-lora-g2" $G2 --lora 4 --train-steps 1500 --batch 32 --lr 1e-3 --save-every 250
-run progressive-g2 $FD distill progressive "$TEACHER" "$ROOT/progressive-g2" --from 32 --to 1 --guidance 2 --steps-per-round 800 --batch 32 --save-every 200
-run consistency-g1 $FD distill consistency "$TEACHER" "$ROOT/consistency-g1" --guidance-range 1 --train-steps 1500 --batch 32 --save-every 250
-run progressive-g1 $FD distill progressive "$TEACHER" "$ROOT/progressive-g1" --from 32 --to 1 --guidance 1 --steps-per-round 600 --batch 32 --save-every 200
+run cons-g2 $FD distill consistency "$TEACHER" "$ROOT/cons-g2" $G2 --train-steps 1000 --batch 64 --save-every 200
+run progressive-g2 $FD distill progressive "$TEACHER" "$ROOT/progressive-g2" --from 16 --to 1 --guidance 2 --steps-per-round 400 --batch 32 --save-every 200
+run lcm-lora-g2 $FD distill consistency "$TEACHER" "$ROOT/lcm-lora-g2" $G2 --lora 4 --train-steps 600 --batch 32 --lr 1e-3 --save-every 200
+run consistency-g1 $FD distill consistency "$TEACHER" "$ROOT/consistency-g1" --guidance-range 1 --train-steps 600 --batch 32 --save-every 200
+run progressive-g1 $FD distill progressive "$TEACHER" "$ROOT/progressive-g1" --from 16 --to 1 --guidance 1 --steps-per-round 300 --batch 32 --save-every 150
