@@ -168,3 +168,19 @@ def test_bench_sd_unet_has_about_35m_parameters():
     parameters = sum(p.numel() for p in pipe.unet.parameters())
     assert 30e6 <= parameters <= 40e6
     assert pipe.unet.config.sample_size * pipe.vae_scale_factor == 256
+
+
+def test_class_conditional_pipeline_passes_latents_to_the_step_callback(tmp_path):
+    """The callback gets the latents it asks for and may replace them (diffusers' convention)."""
+    pipe = DiffusionPipeline.from_pretrained(build("digits", tmp_path / "digits", size="bench"))  # shipped
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+
+    def callback(p, step, timestep, tensors):
+        seen.append(tensors["latents"].shape)
+        return {"latents": torch.zeros_like(tensors["latents"])} if step == 1 else {}
+
+    out = pipe([3, 7], num_inference_steps=2, output_type="np", callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["latents"])  # fmt: skip
+    assert len(seen) == 2 and seen[0][0] == 2
+    np.testing.assert_allclose(out.images, 0.5, atol=1e-6)  # zero latents decode to mid-grey

@@ -167,7 +167,8 @@ class ClassConditionalPipeline(DiffusionPipeline):
                     noise_pred = noise_uncond + self._guidance_scale * (noise_cond - noise_uncond)
                 latents = self.scheduler.step(noise_pred, t, latents, **extra_step_kwargs).prev_sample
                 if callback_on_step_end is not None:
-                    tensors = {name: locals()[name] for name in callback_on_step_end_tensor_inputs}
+                    available = {"latents": latents}  # (locals() inside a comprehension is its own scope)
+                    tensors = {name: available[name] for name in callback_on_step_end_tensor_inputs}
                     outputs = callback_on_step_end(self, i, t, tensors) or {}
                     latents = outputs.get("latents", latents)
                 progress_bar.update()
