@@ -58,9 +58,11 @@ MATRIX_SPECS = {
     "compile": "compile(backend=eager)",
     "experts": "experts(models=self|self,boundaries=0.5)",
 }
-# Accelerators that need a file made for one model (a trained adapter, a tuned schedule, a trained classifier):
-# no one setting applies to every variant, so their own tests cover apply/remove and refusal of other models.
+# Accelerators that need a file made for one model (a trained adapter, a tuned schedule, a trained classifier)
+# or a running process group: no one setting applies to every variant in one process, so their own tests cover
+# apply/remove and the refusals.
 NEEDS_ARTIFACT = {
+    "parallel": "a torch.distributed process group of worker processes (tests/test_parallel.py)",
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
     "student": "a full-weight student distilled from this model (fastdiff distill progressive|consistency)",
     "schedule": "a schedule tuned for this model (fastdiff tune-schedule)",
