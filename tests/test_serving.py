@@ -356,3 +356,33 @@ def test_ray_serve_two_replicas(subprocess_servers):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     assert list((out / "ray").glob("session_*"))  # Ray's files went where it was told
+
+
+@pytest.mark.timeout(30)
+def test_batch_window_opens_when_the_worker_is_free():
+    """Jobs that queued behind a running batch still wait up to max_wait for their batch to fill."""
+    from fastdiff.serving.batcher import Batcher
+
+    sizes = []
+
+    def run_batch(jobs):
+        time.sleep(0.2)  # longer than max_wait: the queued jobs' own windows have closed when it ends
+        sizes.append((jobs[0].key, len(jobs)))
+        return [None] * len(jobs)
+
+    async def scenario():
+        batcher = Batcher(run_batch, max_batch=4, max_wait_s=0.1, max_queue=32)
+        worker = asyncio.create_task(batcher.run())
+        jobs = [batcher.submit("a", None) for _ in range(4)]  # runs at once: a full batch
+        await asyncio.sleep(0.01)
+        jobs += [batcher.submit(key, None) for key in ("a", "b", "a", "b")]  # queue behind the running batch
+        await asyncio.wait_for(asyncio.shield(jobs[0].future), 5)
+        await asyncio.sleep(0.01)  # answers reach their clients, who send their next requests
+        jobs += [batcher.submit("a", None) for _ in range(2)]
+        await asyncio.gather(*(j.future for j in jobs))
+        await batcher.stop()
+        await worker
+        batcher.close()
+
+    asyncio.run(scenario())
+    assert sizes == [("a", 4), ("a", 4), ("b", 2)], sizes

@@ -1,5 +1,8 @@
 """Dynamic batching on asyncio: jobs with the same key are run together, up to ``max_batch`` images or after
-``max_wait_s`` from the oldest job's arrival, on one worker thread (the pipeline is never called concurrently).
+``max_wait_s``, on one worker thread (the pipeline is never called concurrently). The wait starts when the
+oldest job arrived or when the worker became free, whichever is later: jobs that queued behind a running batch
+still get a window to fill up, which keeps batches full when clients alternate profiles (their answers and
+next requests arrive just after the batch ends).
 
 The queue is bounded (``QueueFull`` past ``max_queue`` waiting jobs, which the app turns into 429); a job whose
 caller gave up (``job.drop()``, on timeout) is taken out of the queue, and a running batch whose jobs all gave
@@ -70,6 +73,7 @@ class Batcher:
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.pending: deque[Job] = deque()
         self.batch_seconds = 0.0  # the last batch's run time (for Retry-After)
+        self._free_since = 0.0  # when the worker finished its last batch
         self._wakeup = asyncio.Event()
         self._stopping = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdiff-batch")
@@ -107,8 +111,9 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             first = self.pending[0]
+            opens = max(first.arrived, self._free_since)
             while not self._stopping and self._fill(first.key) < self.max_batch and not first.dropped:
-                remaining = first.arrived + self.max_wait_s - time.perf_counter()
+                remaining = opens + self.max_wait_s - time.perf_counter()
                 if remaining <= 0:
                     break
                 self._wakeup.clear()
@@ -135,6 +140,7 @@ class Batcher:
                     if not job.future.done() and not job.dropped:
                         job.future.set_result(result)
             self.batch_seconds = time.perf_counter() - started
+            self._free_since = time.perf_counter()
 
     async def stop(self) -> None:
         """Refuse new jobs; ``run`` finishes the queued ones, then returns."""
