@@ -24,29 +24,18 @@ from pathlib import Path
 
 from fastdiff.core.hooks import Handle, HandleGroup
 from fastdiff.core.models import adapter_layout
-from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.distill.student import baked_guidance, conditional_only
+from fastdiff.core.registry import AcceleratorError, register
+from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
 
 ADAPTER_NAME = "fastdiff-lcm"
 
 
 @register
 @dataclass(frozen=True)
-class LcmLora(Accelerator):
+class LcmLora(DistilledAccelerator):
     """A consistency LoRA plus the LCM sampler. Example: ``fp.accelerate("lcm-lora(path=/tmp/lcm-lora)")``."""
 
-    path: str
-    steps: int | None = None
-
     spec_name = "lcm-lora"
-    kind = "compress"
-    touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
-                         "denoiser.forward", "denoiser.batch"})  # fmt: skip
-    exclusive = frozenset({"denoiser.weights", "denoiser.structure", "scheduler"})
-
-    def validate(self) -> None:
-        if self.steps is not None and self.steps <= 0:
-            raise AcceleratorError(f"lcm-lora: steps must be a positive integer, got {self.steps}")
 
     def manifest(self) -> dict:
         from fastdiff.distill.common import MANIFEST

@@ -43,15 +43,13 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, register
 HOOK_NAME = "fastdiff.student-guidance"
 
 
-@register
 @dataclass(frozen=True)
-class Student(Accelerator):
-    """A distilled full-weight student. Example: ``fp.accelerate("student(path=/tmp/prog/steps-4)")``."""
+class DistilledAccelerator(Accelerator):
+    """What ``student`` and ``lcm-lora`` share: a distilled denoiser, its sampler and step count (``steps``)."""
 
     path: str
     steps: int | None = None
 
-    spec_name = "student"
     kind = "compress"
     touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
                          "denoiser.forward", "denoiser.batch"})  # fmt: skip
@@ -59,7 +57,15 @@ class Student(Accelerator):
 
     def validate(self) -> None:
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps <= 0):
-            raise AcceleratorError(f"student: steps must be a positive integer, got {self.steps}")
+            raise AcceleratorError(f"{self.spec_name}: steps must be a positive integer, got {self.steps}")
+
+
+@register
+@dataclass(frozen=True)
+class Student(DistilledAccelerator):
+    """A distilled full-weight student. Example: ``fp.accelerate("student(path=/tmp/prog/steps-4)")``."""
+
+    spec_name = "student"
 
     def manifest(self) -> dict:
         from fastdiff.distill.common import MANIFEST
