@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import json
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -67,8 +69,22 @@ def make_scheduler(name: str, config) -> object:
     """Build preset ``name`` from a scheduler config (keeps betas and prediction type)."""
     if name not in PRESETS:
         raise AcceleratorError(f"unknown scheduler preset {name!r}; choose one of {', '.join(PRESETS)}")
-    cls_name, flags, _ = PRESETS[name]
-    return getattr(diffusers, cls_name).from_config(explicit_config(config), **flags)
+    config = explicit_config(config)
+    key = (
+        name,
+        json.dumps(config, sort_keys=True, default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v)),
+    )
+    if key not in _PROTOTYPES:
+        # diffusers' from_config inspects signatures on every call (~1 ms); a server switching profiles per
+        # request builds the same schedulers again and again, so build each once and hand out copies
+        if len(_PROTOTYPES) >= 64:
+            _PROTOTYPES.clear()
+        cls_name, flags, _ = PRESETS[name]
+        _PROTOTYPES[key] = getattr(diffusers, cls_name).from_config(config, **flags)
+    return copy.deepcopy(_PROTOTYPES[key])
+
+
+_PROTOTYPES: dict[tuple[str, str], object] = {}
 
 
 def explicit_config(config) -> dict:
