@@ -218,3 +218,22 @@ def test_consistency_run_with_a_guidance_range_resumes(models, tmp_path):
         main(args)
     main([*args, "--resume"])  # finished: nothing to do
     assert json.loads((out / MANIFEST).read_text())["done"]
+
+
+def test_baked_guidance_student_refuses_direct_calls_of_the_wrapped_pipe(tmp_path):
+    """fp.pipe(...) would guide the guided student again: a loud error instead of a wrong image."""
+    teacher = build("digits", tmp_path / "digits", size="bench")
+    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "2", "--to", "1",
+          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    fp = FastPipeline.from_pretrained(teacher)
+    handle = fp.accelerate(f"student(path={tmp_path / 'prog' / 'steps-1'})")
+    with pytest.raises(RuntimeError, match="call the FastPipeline"):
+        fp.pipe(class_labels=[3], num_inference_steps=1, guidance_scale=2.0, output_type="np")
+    _sample(fp, class_labels=[3], guidance_scale=2.0)  # through the wrapper it works
+    handle.remove()
+    fp.pipe(class_labels=[3], num_inference_steps=1, output_type="np")  # and directly again after remove()
+    from fastdiff.core.hooks import base_names
+
+    assert not [n for n in base_names(fp.denoiser) if "student" in n]
+    fp.unwrap()
+    assert getattr(fp.denoiser, "_diffusers_hook", None) is None and "forward" not in fp.denoiser.__dict__

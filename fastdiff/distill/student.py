@@ -35,12 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 HOOK_NAME = "fastdiff.student-guidance"
+GUARD_NAME = "fastdiff.student-direct-call-guard"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,28 @@ def conditional_only(fp, baked: float) -> list[Handle]:
     from fastdiff.guidance.interval import CFGIntervalHook
 
     hook = CFGIntervalHook(fp.context, 0.0, 0.0)  # an empty window: no step is guided
-    return [install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)]
+    handles = [install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)]
+    # ungated: a direct call of fp.pipe would guide the guided student again (a silently wrong image)
+    handles.append(
+        install_hook(fp.denoiser, DirectCallGuard(fp.context), GUARD_NAME + f"@{fp.context.owner}")
+    )
+    return handles
+
+
+class DirectCallGuard(ModelHook):
+    """Refuses denoiser calls outside the FastPipeline's calls while a baked-guidance student is applied."""
+
+    def __init__(self, context):
+        super().__init__()
+        self.context = context
+
+    def new_forward(self, module, *args, **kwargs):
+        if not self.context.active:
+            raise RuntimeError(
+                "a student with classifier-free guidance baked in is applied to this denoiser; call the "
+                "FastPipeline (fp(...)), not the diffusers pipeline directly, or remove the student first"
+            )
+        return self.fn_ref.original_forward(*args, **kwargs)
 
 
 def baked_guidance(info: dict) -> float:
