@@ -34,6 +34,7 @@ from fastdiff.core.pipeline import FastPipeline
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.grid import save_grid
+from fastdiff.eval.quality import model_prompts
 
 PROMPTS = [
     "a photograph of an astronaut riding a horse",
@@ -74,7 +75,10 @@ def make_inputs(
     facts = pipeline_facts(pipe)
     batch = batch or facts.default_batch
     if facts.inputs == "prompt":
-        kwargs: dict[str, Any] = {"prompt": [PROMPTS[i % len(PROMPTS)] for i in range(batch)]}
+        prompts = (
+            model_prompts(pipe) or PROMPTS
+        )  # a model may ship its own (digits-sd: prompts naming digits)
+        kwargs: dict[str, Any] = {"prompt": [prompts[i % len(prompts)] for i in range(batch)]}
     elif facts.inputs == "class_labels":
         kwargs = {"class_labels": [i % facts.num_classes for i in range(batch)]}
     else:

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +167,42 @@ def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -
     }
 
 
+def model_prompts(pipe) -> list[str] | None:
+    """The benchmark prompts a model ships in ``eval/prompts.json`` (digits-sd), or None.
+
+    Example::
+
+        model_prompts(StableDiffusionPipeline.from_pretrained("/tmp/digits-sd"))[:2]  # ['a handwritten zero', ...]
+    """
+    try:
+        path = pipeline_directory(pipe) / "eval" / "prompts.json"
+    except ValueError:  # an in-memory pipeline
+        return None
+    return json.loads(path.read_text())["bench_prompts"] if path.is_file() else None
+
+
+@register_quality("StableDiffusionPipeline")
+def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """Accuracy (label: the digit each prompt names), FD and FD floor for digits-sd; {} for other SD models.
+
+    Example::
+
+        kwargs = {"prompt": ["a handwritten seven", "the digit 3"] * 50, "guidance_scale": 5.0}
+        digits_sd_quality(pipe, kwargs, pipe(**kwargs, output_type="np").images)
+    """
+    if model_prompts(pipe) is None:
+        return {}
+    from fastdiff.zoo.reference_sd import digit_of
+
+    prompts = call_kwargs.get("prompt")
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
+    if len(prompts) != len(images):
+        raise ValueError(
+            f"got {len(images)} images for {len(prompts)} prompts (one image per prompt is scored)"
+        )
+    return digits_quality(pipe, {"class_labels": [digit_of(p) for p in prompts]}, images, seed)
+
+
 __all__ = [
     "accuracy",
     "fd",
@@ -174,4 +211,6 @@ __all__ = [
     "load_reference_eval",
     "pipeline_directory",
     "digits_quality",
+    "model_prompts",
+    "digits_sd_quality",
 ]
