@@ -69,3 +69,31 @@ def test_cell(pipes, variant, accelerator):
 def test_compile_cell(pipes, variant):
     cell = check_cell(pipes(variant), MATRIX_SPECS["compile"], variant)
     assert cell.status == "ok", cell.failures or cell.notes
+
+
+def test_fresh_pipelines_keep_their_baseline():
+    """A fresh pipeline's first call installs transformers' lazy output-capturing hooks (SDXL's text encoders):
+    the cell's baseline is taken after it, so a cell on a never-called pipeline does not report them."""
+    for _ in range(2):  # the second finds its habits cached and its pipeline never called
+        pipe = make_pipeline("tiny-sdxl")
+        pipe.set_progress_bar_config(disable=True)
+        cell = check_cell(pipe, MATRIX_SPECS["deepcache"], "tiny-sdxl")
+        assert cell.status == "ok", cell.failures
+
+
+@pytest.mark.parametrize("method", ["student", "lcm-lora"])
+def test_baked_guidance_students_refuse_direct_calls(tmp_path, method):
+    """A student with guidance baked in makes a direct call of the wrapped pipe raise (it would be guided twice);
+    the cell accepts that refusal and every other habit still holds."""
+    from fastdiff.distill.consistency import consistency
+    from fastdiff.zoo import build
+
+    teacher = build("tiny-sd", tmp_path / "teacher", size="test")
+    lora = 2 if method == "lcm-lora" else None
+    consistency(teacher, tmp_path / "student", guidance_range="2", lora=lora, train_steps=2, batch=2, skip=100,
+                progress=False)  # fmt: skip
+    pipe = make_pipeline("tiny-sd-img2img")
+    pipe.set_progress_bar_config(disable=True)
+    cell = check_cell(pipe, f"{method}(path={tmp_path / 'student'},steps=3)", "tiny-sd-img2img")
+    assert cell.status == "ok", cell.failures
+    assert any(note.startswith("direct call: refused") for note in cell.notes), cell.notes

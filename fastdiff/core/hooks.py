@@ -35,6 +35,10 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
 
+class DirectCallError(RuntimeError):
+    """An accelerator refuses a call of the wrapped diffusers pipeline that bypasses the FastPipeline."""
+
+
 class Handle:
     """Undoes one change. ``remove()`` is idempotent."""
 

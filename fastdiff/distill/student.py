@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, install_hook
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -144,7 +144,7 @@ class DirectCallGuard(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         if not self.context.active:
-            raise RuntimeError(
+            raise DirectCallError(
                 "a student with classifier-free guidance baked in is applied to this denoiser; call the "
                 "FastPipeline (fp(...)), not the diffusers pipeline directly, or remove the student first"
             )
