@@ -35,5 +35,6 @@ def main() -> None:
                 cell = check_cell(pipe, spec, variant)
                 print(variant, spec.split("(")[0], cell.status, cell.failures, cell.notes[:2], flush=True)
 
+
 if __name__ == "__main__":
     main()
