@@ -12,7 +12,7 @@ from fastdiff.cli import schedule as cli
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.schedulers.tuned import TunedSchedule, check_sampler, install_timesteps, model_hash
-from fastdiff.schedulers.tuning import Objective, references, sample, standard_spacings, tune
+from fastdiff.schedulers.tuning import Objective, Spacing, references, sample, standard_spacings, tune
 from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline, default_scheduler
 
 BATCH = 16
@@ -39,7 +39,7 @@ def call(fp, **kwargs):
 def test_tuned_schedule_is_strictly_monotone_as_the_scheduler_requires(tuned):
     schedule, _ = tuned
     ts = schedule.timesteps
-    assert len(ts) == 4 and ts[0] == 999 and ts[-1] >= 0
+    assert len(ts) == 4 and ts[0] <= 999 and ts[-1] >= 0  # the first timestep is free by default
     assert all(a > b for a, b in zip(ts, ts[1:]))
     assert all(a > b for a, b in zip(schedule.sigmas, schedule.sigmas[1:]))  # ends at sigma 0
     scheduler = make_scheduler("dpm++2m", default_scheduler().config)
@@ -132,6 +132,16 @@ def test_each_route_given_the_schedulers_own_timesteps_is_bit_identical(name):
     routed = sample(pipe, {"batch_size": BATCH}, 0, 5, own, route)
     assert torch.equal(pipe.scheduler.sigmas, sigmas)
     assert torch.equal(routed, plain.images.detach().double())
+
+
+def test_free_start_parameterisation_round_trips_and_pinning_keeps_t_max():
+    scheduler = make_scheduler("unipc", default_scheduler().config)
+    free, pinned = Spacing(scheduler, 6, free_start=True), Spacing(scheduler, 6)
+    for ts in ([940, 710, 418, 159, 41, 4], [999, 500, 200, 80, 20, 1]):
+        assert free.timesteps(free.theta(ts)) == ts
+    assert pinned.timesteps(pinned.theta([940, 710, 418, 159, 41, 4]))[0] == 999
+    kept = tune(gmm(), "unipc", 3, seeds=1, batch=BATCH, max_evals=25, progress=False, free_start=False)
+    assert kept.timesteps[0] == 999
 
 
 def test_standard_spacings_start_at_t_max_and_match_the_ays_list():

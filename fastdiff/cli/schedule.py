@@ -37,6 +37,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=None, help="images per seed (default: the bench batch)")
     p.add_argument("--max-evals", type=int, default=1500, help="objective evaluations; default 1500")
     p.add_argument("--starts", type=int, default=3, help="searches from the best N standard spacings")
+    p.add_argument("--pin-first", action="store_true",
+                   help="keep the first timestep at T-1 (default: the search may start lower)")  # fmt: skip
     p.add_argument(
         "--reference-steps", type=int, default=100, help="steps of the reference run (not on the exact model)"
     )
@@ -69,6 +71,7 @@ def run(args) -> dict:
         reference_steps=args.reference_steps,
         max_evals=args.max_evals,
         starts=args.starts,
+        free_start=not args.pin_first,
         progress=not args.quiet,
     )
     tuned.save(args.out)

@@ -13,7 +13,9 @@ points as the AYS paper does), start from the best, run scipy's Nelder-Mead over
 parameterisation (softmax of the log-sigma decrements, so every point is strictly decreasing), then polish
 the integer timesteps one at a time. The best schedule evaluated is kept, so the result is never worse than
 the starting spacing on the calibration seeds. Timesteps are integers (what DPM-Solver's and Euler's
-``set_timesteps(timesteps=...)`` take, and what the models were trained on); the first is always T-1.
+``set_timesteps(timesteps=...)`` take, and what the models were trained on). The first timestep is free
+(``free_start=True``, the default): starting a little below T-1 from the same noise can cost less than it
+gains; ``free_start=False`` pins it at T-1 as the standard spacings are.
 
 Example::
 
@@ -59,39 +61,48 @@ SPACING_FLAGS = {
 AYS_LISTS = {"ays-sd": "StableDiffusionTimesteps", "ays-sdxl": "StableDiffusionXLTimesteps"}
 
 
-def strictly_decreasing(timesteps, num_train_timesteps: int) -> list[int]:
-    """Round, start at T-1 and make strictly decreasing integers >= 0 (the scheduler needs distinct steps).
+def strictly_decreasing(timesteps, num_train_timesteps: int, pin_first: bool = True) -> list[int]:
+    """Round, start at T-1 (``pin_first``) and make strictly decreasing integers >= 0 (distinct steps).
 
     >>> strictly_decreasing([999.2, 500.4, 500.1, 0.2], 1000)
     [999, 500, 499, 0]
+    >>> strictly_decreasing([940.2, 500.4, 0.2], 1000, pin_first=False)
+    [940, 500, 0]
     """
     steps = len(timesteps)
     ts = np.rint(np.asarray(timesteps, dtype=np.float64)).astype(np.int64)
     ts = np.clip(ts, steps - 1 - np.arange(steps), num_train_timesteps - 1 - np.arange(steps))
-    ts[0] = num_train_timesteps - 1
+    if pin_first:
+        ts[0] = num_train_timesteps - 1
     for i in range(1, steps):
         ts[i] = min(ts[i], ts[i - 1] - 1)
     return ts.tolist()
 
 
 class Spacing:
-    """Maps parameters theta (K logits) to integer timesteps and back for one noise schedule and K."""
+    """Maps parameters theta (K logits, K+1 with a free start) to integer timesteps and back for one noise
+    schedule and K."""
 
-    def __init__(self, scheduler, steps: int):
-        self.steps = steps
+    def __init__(self, scheduler, steps: int, free_start: bool = False):
+        self.steps, self.free_start = steps, free_start
         self.log_sigma = sigma_table(scheduler).double().log().numpy()  # increasing with t
         self.top, self.bottom = self.log_sigma[-1], self.log_sigma[0]
 
     def timesteps(self, theta: np.ndarray) -> list[int]:
-        # Softmax shares the span of log-sigma among K-1 decrements and a slack (the gap to t=0).
+        # Softmax shares the span of log-sigma among (a head gap below T-1,) K-1 decrements and a slack (the
+        # gap to t=0).
         weights = np.exp(theta - theta.max())
-        decrements = (self.top - self.bottom) * weights[:-1] / weights.sum()
-        log_sigma = self.top - np.concatenate([[0.0], np.cumsum(decrements)])
-        return strictly_decreasing(self.to_t(log_sigma), len(self.log_sigma))
+        gaps = (self.top - self.bottom) * weights[:-1] / weights.sum()
+        head = np.zeros(1) if not self.free_start else gaps[:1]
+        decrements = gaps[1:] if self.free_start else gaps
+        log_sigma = self.top - np.concatenate([head, head + np.cumsum(decrements)])
+        return strictly_decreasing(self.to_t(log_sigma), len(self.log_sigma), pin_first=not self.free_start)
 
     def theta(self, timesteps: list[int]) -> np.ndarray:
         log_sigma = self.log_sigma[timesteps]
         parts = np.concatenate([-np.diff(log_sigma), [log_sigma[-1] - self.bottom]])
+        if self.free_start:
+            parts = np.concatenate([[self.top - log_sigma[0]], parts])
         return np.log(np.maximum(parts / (self.top - self.bottom), 1e-4))
 
     def to_t(self, log_sigma) -> np.ndarray:
@@ -203,7 +214,8 @@ def search(objective: Objective, spacing: Spacing, start: list[int], limit: int)
                 options={"maxfev": 4 * objective.max_evals, "initial_simplex": simplex, "xatol": 1e-3},
             )
             found = spacing.timesteps(result.x)
-            found, found_value = polish(objective, found, objective(found))
+            top = len(spacing.log_sigma) - 1 if spacing.free_start else None
+            found, found_value = polish(objective, found, objective(found), top)
         except Exhausted:
             return  # the objective keeps the best schedule evaluated
         if found_value >= value * (1 - 1e-4):
@@ -211,17 +223,21 @@ def search(objective: Objective, spacing: Spacing, start: list[int], limit: int)
         point, value = found, found_value
 
 
-def polish(objective: Objective, point: list[int], value: float) -> tuple[list[int], float]:
-    """Move single timesteps by 64, 16, 4, 1 while that lowers the objective (scipy has no integer search)."""
+def polish(
+    objective: Objective, point: list[int], value: float, top: int | None = None
+) -> tuple[list[int], float]:
+    """Move single timesteps by 64, 16, 4, 1 while that lowers the objective (scipy has no integer search).
+
+    ``top``: the first timestep may move too, up to ``top`` (None: it stays where it is)."""
     improved = True
     while improved and not objective.exhausted:
         improved = False
-        for i in range(1, len(point)):
+        for i in range(0 if top is not None else 1, len(point)):
             for delta in (64, -64, 16, -16, 4, -4, 1, -1):
                 trial = list(point)
                 trial[i] += delta
                 lower = trial[i + 1] if i + 1 < len(trial) else -1
-                if lower < trial[i] < trial[i - 1]:
+                if lower < trial[i] < (trial[i - 1] if i else top + 1):
                     trial_value = objective(trial)
                     if trial_value < value:
                         point, value, improved = trial, trial_value, True
@@ -239,11 +255,13 @@ def tune(
     progress: bool = True,
     scheduler=None,
     starts: int = STARTS,
+    free_start: bool = True,
 ) -> TunedSchedule:
     """Tune ``nfe`` timesteps of preset ``sampler`` on a diffusers ``pipe`` (its scheduler is restored).
 
     ``scheduler``: tune this scheduler object instead of the preset (``sampler`` is then only a label; the
     benchmarks tune DDIM as first-order DPM-Solver++, the same update, since DDIMScheduler takes no timesteps).
+    ``free_start=False`` keeps the first timestep at T-1.
     """
     from fastdiff.eval.bench import make_inputs
 
@@ -261,7 +279,10 @@ def tune(
         spacings = standard_spacings(pipe.scheduler, nfe)
         candidates = {name: objective(ts) for name, ts in spacings.items()}
         ranked = sorted(candidates, key=candidates.get)
-        spacing, points = Spacing(pipe.scheduler, nfe), [spacings[name] for name in ranked[:starts]]
+        spacing, points = (
+            Spacing(pipe.scheduler, nfe, free_start),
+            [spacings[name] for name in ranked[:starts]],
+        )
         for i, point in enumerate(points):  # several starts: the objective has more than one basin
             share = (objective.max_evals - len(objective.cache)) // (len(points) - i)
             search(objective, spacing, point, len(objective.cache) + share)
