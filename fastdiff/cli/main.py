@@ -35,11 +35,11 @@ def resolve_model(model: str, size: str = "bench") -> Path:
             f"error: {model!r} is neither a directory nor a zoo model ({', '.join(zoo.available())})"
         )
     target = cache_dir() / f"{model}-{size}"
-    if model == "digits" and size == "bench":
-        from fastdiff.zoo.shipped import install_digits, is_installed
+    from fastdiff.zoo.shipped import install, is_installed, shipped_models
 
-        if not is_installed(target):  # first use, or a stale/damaged copy: the shipped files, hash-checked
-            install_digits(target)
+    if size == "bench" and model in shipped_models():
+        if not is_installed(target, model):  # first use, or a stale/damaged copy: the shipped files, checked
+            install(target, model)
         return target
     if not (target / "model_index.json").is_file():
         print(f"building zoo model {model} ({size}) into {target} ...", file=sys.stderr)
@@ -70,6 +70,15 @@ def cmd_zoo(args) -> None:
 def cmd_reference(args) -> None:
     from fastdiff.zoo.reference import SIZES, build_reference
 
+    if args.kind == "sd":
+        from fastdiff.zoo.reference_sd import SIZES as SD_SIZES
+        from fastdiff.zoo.reference_sd import build_reference_sd
+
+        steps = dict(SD_SIZES["bench"], **{k: v for k, v in (("vae_steps", args.vae_steps),
+                                                              ("unet_steps", args.unet_steps)) if v})  # fmt: skip
+        out = build_reference_sd(args.dir, seed=args.seed, resume=args.resume, threads=args.threads, **steps)
+        print(f"digits-sd reference model in {out}")
+        return
     if args.minutes is not None:
         raise SystemExit(
             "error: --minutes was removed: the build now trains a fixed number of optimizer steps, so the model "
@@ -200,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0)
     zoo.set_defaults(func=cmd_zoo)
 
-    ref = sub.add_parser("reference", help="the digits reference model")
+    ref = sub.add_parser("reference", help="the digits reference models (class- or text-conditional)")
     ref_sub = ref.add_subparsers(dest="ref_cmd", required=True)
     rbuild = ref_sub.add_parser("build", help="train the reference model into DIR")
     rbuild.add_argument("dir")
@@ -209,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     rbuild.add_argument("--threads", type=int, default=None, help="torch threads")
     rbuild.add_argument("--resolution", type=int, default=16, choices=[16, 32])
     rbuild.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt up to --steps")
+    rbuild.add_argument("--kind", default="digits", choices=["digits", "sd"],
+                        help="digits: class-conditional UNet2DModel; sd: digits-sd, a StableDiffusionPipeline "
+                             "(VAE + CLIP text encoder + UNet2DConditionModel) on digit prompts")  # fmt: skip
+    rbuild.add_argument("--vae-steps", type=int, default=None, help="--kind sd: VAE steps (default 500)")
+    rbuild.add_argument("--unet-steps", type=int, default=None, help="--kind sd: text encoder + UNet steps")
     rbuild.add_argument("--minutes", type=float, help=argparse.SUPPRESS)  # removed; kept to explain why
     ref.set_defaults(func=cmd_reference)
 

@@ -1,4 +1,4 @@
-"""The digits reference model shipped with the package, checked by sha256 before every use.
+"""The reference models shipped with the package (digits, digits-sd), checked by sha256 before every use.
 
 ``fastdiff/zoo/data/digits/`` holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
 (the pipeline with its fp32 safetensors weights, the evaluation classifier, the train/test split, the build's
@@ -48,6 +48,20 @@ SHIPPED: dict[str, tuple[int, str]] = {
 }
 
 
+DATA_DIR_SD = DATA_DIR.parent / "digits-sd"
+BUILD_COMMAND_SD = "fastdiff reference build DIR --kind sd --seed 0"
+# digits-sd shares the digits reference's evaluation files (classifier, split): installed from DATA_DIR
+SHIPPED_SD: dict[str, tuple[int, str]] = {}
+
+
+def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
+    """name -> (data folder, its table, the command that rebuilds it)."""
+    return {
+        "digits": (DATA_DIR, SHIPPED, BUILD_COMMAND),
+        "digits-sd": (DATA_DIR_SD, SHIPPED_SD, BUILD_COMMAND_SD),
+    }
+
+
 class ShippedModelError(ValueError):
     """A shipped (or installed) reference file is missing, truncated or corrupt."""
 
@@ -66,55 +80,79 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def shipped_table(directory: str | Path) -> dict[str, tuple[int, str]]:
-    """(size, sha256) of every shipped file as found in ``directory``: the source of ``SHIPPED``.
+def shipped_table(directory: str | Path, model: str = "digits") -> dict[str, tuple[int, str]]:
+    """(size, sha256) of every shipped file of ``model`` as found in ``directory``: the source of its table.
 
     Example::
 
         assert shipped_table(DATA_DIR) == SHIPPED
     """
-    directory = Path(directory)
-    return {name: ((directory / name).stat().st_size, file_sha256(directory / name)) for name in SHIPPED}
+    directory, table = Path(directory), _model(model)[1]
+    return {name: ((directory / name).stat().st_size, file_sha256(directory / name)) for name in table}
 
 
-def check_file(path: Path, name: str) -> None:
-    """Raise ``ShippedModelError`` unless ``path`` has the size and sha256 recorded for ``name``.
+def _model(model: str) -> tuple[Path, dict[str, tuple[int, str]], str]:
+    models = shipped_models()
+    if model not in models:
+        raise ValueError(f"no shipped model {model!r}; shipped: {', '.join(models)}")
+    return models[model]
+
+
+def _hint(model: str) -> str:
+    return REBUILD_HINT if model == "digits" else (
+        f"reinstall fastdiff, or train the model yourself with `{_model(model)[2]}` and pass DIR as the model"
+    )  # fmt: skip
+
+
+def check_file(path: Path, name: str, model: str = "digits") -> None:
+    """Raise ``ShippedModelError`` unless ``path`` has the size and sha256 recorded for ``name`` of ``model``.
 
     Example::
 
         check_file(DATA_DIR / "eval" / "classifier.pt", "eval/classifier.pt")
     """
-    size, sha = SHIPPED[name]
+    size, sha = _model(model)[1][name]
+    what = f"{model} reference file {path}"
     if not path.is_file():
-        raise ShippedModelError(f"digits reference file {path} is missing; {REBUILD_HINT}")
+        raise ShippedModelError(f"{what} is missing; {_hint(model)}")
     actual_size = path.stat().st_size
     if actual_size != size:
         raise ShippedModelError(
-            f"digits reference file {path} is truncated or corrupt ({actual_size} bytes, expected {size}); "
-            f"{REBUILD_HINT}"
+            f"{what} is truncated or corrupt ({actual_size} bytes, expected {size}); {_hint(model)}"
         )
     actual = file_sha256(path)
     if actual != sha:
         raise ShippedModelError(
-            f"digits reference file {path} is corrupt (sha256 {actual[:16]}..., expected {sha[:16]}...); "
-            f"{REBUILD_HINT}"
+            f"{what} is corrupt (sha256 {actual[:16]}..., expected {sha[:16]}...); {_hint(model)}"
         )
 
 
-def verify_digits(directory: str | Path) -> Path:
-    """Check every shipped file under ``directory`` (a data folder or an installed build) by size and sha256.
+def verify(directory: str | Path, model: str = "digits") -> Path:
+    """Check every shipped file of ``model`` under ``directory`` (a data folder or an installed build).
+
+    digits-sd's evaluation files are the digits reference's: an installed digits-sd build is checked for both.
 
     Example::
 
-        verify_digits(DATA_DIR)   # raises ShippedModelError on the first bad file
+        verify(DATA_DIR_SD, "digits-sd")   # raises ShippedModelError on the first bad file
     """
     directory = Path(directory)
-    for name in SHIPPED:
-        check_file(directory / name, name)
+    for name in _model(model)[1]:
+        check_file(directory / name, name, model)
     return directory
 
 
-def is_installed(directory: str | Path) -> bool:
+def verify_digits(directory: str | Path) -> Path:
+    """``verify(directory, "digits")``.
+
+    Example::
+
+        verify_digits(DATA_DIR)
+    """
+    return verify(directory, "digits")
+
+
+def is_installed(directory: str | Path, model: str = "digits") -> bool:
     """Whether ``directory`` holds exactly the shipped files (a stale or damaged copy gives False).
 
     Example::
@@ -123,34 +161,56 @@ def is_installed(directory: str | Path) -> bool:
             install_digits("/tmp/digits")
     """
     try:
-        verify_digits(directory)
+        verify(directory, model)
+        if model == "digits-sd":
+            for name in SD_EVAL_FILES:
+                check_file(Path(directory) / name, name, "digits")
     except ShippedModelError:
         return False
     return True
 
 
-def install_digits(out_dir: str | Path, source: str | Path = DATA_DIR) -> Path:
-    """Copy the shipped digits reference from ``source`` into ``out_dir``, checked before and after copying.
+SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
+
+
+def install(out_dir: str | Path, model: str = "digits", source: str | Path | None = None) -> Path:
+    """Copy shipped ``model`` from ``source`` (default: its data folder) into ``out_dir``, checked before and
+    after copying; digits-sd also gets the digits reference's classifier and split.
 
     Files of an earlier build in ``out_dir`` (a checkpoint, logs) are left alone; the shipped ones replace
     theirs atomically (temp file then ``os.replace``).
 
     Example::
 
-        install_digits("/tmp/digits")
+        install("/tmp/digits-sd", "digits-sd")
     """
-    source, out = Path(source), Path(out_dir)
-    if not SHIPPED:
-        raise ShippedModelError(f"this fastdiff has no shipped digits model; {REBUILD_HINT}")
-    verify_digits(source)
-    for name in SHIPPED:
+    data, table, _ = _model(model)
+    source, out = Path(source or data), Path(out_dir)
+    if not table:
+        raise ShippedModelError(f"this fastdiff has no shipped {model} model; {_hint(model)}")
+    verify(source, model)
+    copies = [(source / name, name, model) for name in table]
+    if model == "digits-sd":
+        verify_digits(DATA_DIR)
+        copies += [(DATA_DIR / name, name, "digits") for name in SD_EVAL_FILES]
+    for origin, name, owner in copies:
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        shutil.copyfile(source / name, tmp)
+        shutil.copyfile(origin, tmp)
         os.replace(tmp, target)
-        check_file(target, name)
+        check_file(target, name, owner)
     return out
+
+
+def install_digits(out_dir: str | Path, source: str | Path = DATA_DIR) -> Path:
+    """``install(out_dir, "digits", source)``: the shipped digits reference, in well under a second.
+
+    Example::
+
+        install_digits("/tmp/digits")
+    """
+    return install(out_dir, "digits", source)
 
 
 def ensure_digits(directory: str | Path) -> Path:
@@ -169,6 +229,7 @@ def ensure_digits(directory: str | Path) -> Path:
 
 
 __all__ = [
-    "DATA_DIR", "BUILD_COMMAND", "SHIPPED", "ShippedModelError", "file_sha256", "shipped_table", "check_file",
-    "verify_digits", "is_installed", "install_digits", "ensure_digits",
+    "DATA_DIR", "DATA_DIR_SD", "BUILD_COMMAND", "BUILD_COMMAND_SD", "SHIPPED", "SHIPPED_SD", "ShippedModelError",
+    "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
+    "install", "install_digits", "ensure_digits",
 ]  # fmt: skip

@@ -1,0 +1,59 @@
+"""The Stable-Diffusion-shaped accelerators on digits-sd, with accuracy and FD (not PSNR on random weights).
+
+Run (heavy: one thread, under the shared lock; about 10 minutes)::
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/digits_sd.py   # benchmarks/results/digits_sd.json
+
+digits-sd is a real ``StableDiffusionPipeline`` (VAE, CLIP text encoder, UNet2DConditionModel with
+cross-attention) trained on the digits (``fastdiff.zoo.reference_sd``); ``run_bench`` scores each config's 500
+images (bench prompts naming each digit 50 times) with the digits classifier and FD, side by side in one run:
+one untimed warm-up, then ``--runs`` timed calls of the whole batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fastdiff.eval.bench import format_table, run_bench
+from fastdiff.zoo.shipped import install, is_installed
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DPM = "scheduler(name=dpm++2m,steps=20)"
+CONFIGS = [
+    ("ddim 50", "scheduler(name=ddim,steps=50)"),
+    ("dpm++2m 20", DPM),
+    ("tome 0.5", f"{DPM};tome(ratio=0.5)"),
+    ("deepcache 3", f"{DPM};deepcache(interval=3,branch=0)"),
+    ("promptcache", f"{DPM};promptcache"),
+    ("cfg-interval 0.2-0.8", f"{DPM};cfg-interval(start=0.2,end=0.8)"),
+    ("cfg-interval 0-0.5", f"{DPM};cfg-interval(start=0.0,end=0.5)"),
+    ("forecast 1/3", f"{DPM};forecast(order=1,interval=3)"),
+    ("dpm++2m 10", "scheduler(name=dpm++2m,steps=10)"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path(".fastdiff-cache/digits-sd"),
+                        help="a digits-sd build (the shipped one is installed there if absent)")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS / "digits_sd.json")
+    args = parser.parse_args()
+    if not (args.model / "model_index.json").is_file() or not is_installed(args.model, "digits-sd"):
+        if not (args.model / "model_index.json").is_file():
+            install(args.model, "digits-sd")
+    result = run_bench(args.model, CONFIGS, steps=None, runs=args.runs, threads=args.threads, batch=args.batch,
+                       guidance=args.guidance, json_path=args.out)  # fmt: skip
+    report = json.loads((args.model / "eval" / "report.json").read_text())
+    result["model_report"] = report
+    args.out.write_text(json.dumps(result, indent=2))
+    print(format_table(result))
+
+
+if __name__ == "__main__":
+    main()
