@@ -103,7 +103,7 @@ def cmd_bench(args) -> None:
         resolve_model(args.model, args.size), _parse_configs(args.config), steps=args.steps, runs=args.runs,
         seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
         guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
-        warmup=not args.no_warmup,
+        warmup=not args.no_warmup, devices=args.devices,
     )  # fmt: skip
     print(format_table(result))
     if args.json:
@@ -247,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--images", help="write a PNG grid per config into this directory")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
+    bench.add_argument("--devices", type=int, default=1,
+                       help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs)")  # fmt: skip
     bench.set_defaults(func=cmd_bench)
 
     gen = sub.add_parser("generate", help="write PNGs")
@@ -261,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True)
     gen.add_argument("--devices", type=int, default=1,
-                     help="worker processes (gloo on CPU, nccl on GPUs) for parallel(mode=cfg); started and stopped here")  # fmt: skip
+                     help="worker processes (gloo on CPU, nccl on GPUs) for the parallel accelerator (default mode=cfg); started and stopped here")  # fmt: skip
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="time split and top operators of one call")

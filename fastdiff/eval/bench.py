@@ -144,12 +144,19 @@ def run_bench(
     quality: bool = True,
     image_dir: str | Path | None = None,
     warmup: bool = True,
+    devices: int = 1,
 ) -> dict:
-    """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON)."""
+    """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON).
+
+    With ``devices`` > 1, configs whose specs contain ``parallel(...)`` run in that many worker processes
+    (``fastdiff.parallel.launch``, ``threads`` each, default 1); the others run here.
+    """
     if runs <= 0:
         raise ValueError(f"runs must be a positive integer, got {runs}")
     if not configs:
         raise ValueError("give at least one --config NAME=SPECS")
+    if devices > 1 and not any("parallel(" in specs for _, specs in configs):
+        raise ValueError(f"devices={devices}, but no config's specs contain parallel(...) to run on them")
     if threads:
         torch.set_num_threads(threads)
     fp = model if isinstance(model, FastPipeline) else FastPipeline.from_pretrained(model)
@@ -162,19 +169,29 @@ def run_bench(
     results, reference = [], None
     bar = tqdm(total=len(configs) * (runs + warmup), desc="bench", unit="run")
     for name, specs in configs:
-        handle = fp.accelerate(specs) if specs.strip() else None
+        distributed = devices > 1 and "parallel(" in specs
+        handle = fp.accelerate(specs) if specs.strip() and not distributed else None
         try:
             call = dict(inputs, output_type="np")
             if steps and "num_inference_steps" not in fp._defaults:
                 call["num_inference_steps"] = steps
-
-            def once(call=call):
-                return fp(**call, generator=torch.Generator().manual_seed(seed))
-
             bar.set_postfix_str(name)
-            seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
-            bar.update(int(warmup))
-            images = np.asarray(output.images)
+            if distributed:  # rank 0's timings and images; every rank runs the same seeded calls
+                from fastdiff.parallel.run import bench_parallel
+
+                seconds, images, rss, cpu_seconds, nfe = bench_parallel(  # steps unless the specs set them
+                    fp.pipe.name_or_path, specs, dict(inputs, output_type="np"), devices, runs, seed, warmup,
+                    threads or 1, steps,
+                )  # fmt: skip
+                bar.update(runs + int(warmup))
+            else:
+
+                def once(call=call):
+                    return fp(**call, generator=torch.Generator().manual_seed(seed))
+
+                seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
+                bar.update(int(warmup))
+                images, nfe = np.asarray(output.images), fp.context.nfe
             if image_dir:
                 save_grid(
                     images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])
@@ -185,7 +202,7 @@ def run_bench(
                 "seconds_median": statistics.median(seconds),
                 "seconds": seconds,
                 "cpu_seconds_median": statistics.median(cpu_seconds),
-                "denoiser_calls": fp.context.nfe,
+                "denoiser_calls": nfe,
                 "peak_rss_mb": round(rss, 1),
                 "speedup": None,
                 "psnr": None,
@@ -208,6 +225,7 @@ def run_bench(
         "model": str(getattr(fp.pipe, "name_or_path", "")),
         "pipeline": type(fp.pipe).__name__,
         "settings": {"steps": steps, "runs": runs, "warmup": warmup, "seed": seed, "threads": torch.get_num_threads(),
+                     "devices": devices,
                      "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
         "configs": results,
     }  # fmt: skip
