@@ -97,15 +97,34 @@ class DenoiserFacts:
     family: str  # "unet" (down/mid/up blocks with skips) or "transformer" (a stack of blocks)
     blocks: tuple[str, ...]  # attribute names of the block lists/modules, outermost first
     attention_blocks: tuple[str, ...] = ()  # class names of blocks whose self-attention may be touched
+    # Modules that parallel(mode=async) may assign to stages, as dotted patterns ("*" = one name component);
+    # they run one after another, each once per forward (the order is recorded at the first call).
+    stage_units: tuple[str, ...] = ()
+
+
+# UNets: conv_in, every layer inside the down/mid/up blocks (resnets, attentions, samplers), the output convs.
+_UNET_UNITS = (
+    "conv_in",
+    "down_blocks.*.*.*",
+    "mid_block.*.*",
+    "up_blocks.*.*.*",
+    "conv_norm_out",
+    "conv_out",
+)
 
 
 DENOISERS: dict[str, DenoiserFacts] = {
     "UNet2DConditionModel": DenoiserFacts(
-        "unet", ("down_blocks", "mid_block", "up_blocks"), ("BasicTransformerBlock",)
+        "unet", ("down_blocks", "mid_block", "up_blocks"), ("BasicTransformerBlock",), _UNET_UNITS
     ),
-    "UNet2DModel": DenoiserFacts("unet", ("down_blocks", "mid_block", "up_blocks"), ("Attention",)),
+    "UNet2DModel": DenoiserFacts(
+        "unet", ("down_blocks", "mid_block", "up_blocks"), ("Attention",), _UNET_UNITS
+    ),
     "DiTTransformer2DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks",), ("BasicTransformerBlock",)
+        "transformer",
+        ("transformer_blocks",),
+        ("BasicTransformerBlock",),
+        ("pos_embed", "transformer_blocks.*", "proj_out_2"),
     ),
 }
 

@@ -28,21 +28,22 @@ import torch
 import torch.distributed as dist
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, install_hook
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
 
 HOOK_NAME = "fastdiff.parallel-cfg"
-MODES = ("cfg",)
+MODES = ("cfg", "async", "cfg+async")
+DEFAULT_WARMUP = 3
 
 
 class BranchSplitHook(ModelHook):
     """Run this rank's guidance branch only and all-gather the branches' outputs."""
 
-    def __init__(self, context, world: int, rank: int):
+    def __init__(self, context, world: int, rank: int, group=None):
         super().__init__()
-        self.context, self.world, self.rank = context, world, rank
+        self.context, self.world, self.rank, self.group = context, world, rank, group
 
     def new_forward(self, module, *args, **kwargs):
         ctx, forward = self.context, self.fn_ref.original_forward
@@ -68,7 +69,7 @@ class BranchSplitHook(ModelHook):
             return t
         parts = [torch.empty_like(t) for _ in range(self.world)]
         try:
-            dist.all_gather(parts, t.contiguous())
+            dist.all_gather(parts, t.contiguous(), group=self.group)
         except RuntimeError as error:  # gloo: a peer died (connection closed) or hung (timeout)
             raise RuntimeError(f"parallel(mode=cfg): rank {self.rank} lost its peers at step "
                                f"{self.context.step}: {error}") from error  # fmt: skip
@@ -78,32 +79,83 @@ class BranchSplitHook(ModelHook):
 @register
 @dataclasses.dataclass(frozen=True)
 class Parallel(Accelerator):
-    """Split work across the ranks of a ``torch.distributed`` group. Example: ``parallel(mode=cfg,devices=2)``."""
+    """Split work across the ranks of a ``torch.distributed`` group. Example: ``parallel(mode=cfg,devices=2)``.
+
+    ``mode=cfg``: one guidance branch per rank. ``mode=async``: the denoiser in ``stages`` (default: devices)
+    stages, one per rank, AsyncDiff-style (fastdiff/parallel/async_.py), after ``warmup`` whole calls, with
+    activations exchanged every ``stride`` calls. ``mode=cfg+async``: both, devices = branches x stages.
+    """
 
     mode: str = "cfg"
     devices: int = 2
+    stages: int | None = None
+    warmup: int = DEFAULT_WARMUP
+    stride: int = 1
 
     spec_name = "parallel"
     kind = "parallel"
-    touches = frozenset({"denoiser.forward", "denoiser.batch"})
-    exclusive = frozenset({"denoiser.batch"})  # cfg-interval or a baked-guidance student also reshape it
+
+    @property
+    def touches(self) -> frozenset[str]:  # per mode: async hooks the denoiser's layers, cfg splits its batch
+        split = {"denoiser.batch"} if "cfg" in self.mode else set()
+        layers = {"denoiser.blocks"} if "async" in self.mode else set()
+        return frozenset({"denoiser.forward", *split, *layers})
+
+    @property
+    def exclusive(self) -> frozenset[str]:  # deepcache/blockcache (blocks), cfg-interval/students (batch)
+        return self.touches - {"denoiser.forward"}
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise AcceleratorError(f"parallel: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
-            raise AcceleratorError(f"parallel: devices must be a positive integer, got {self.devices!r}")
+        for name in ("devices", "warmup", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AcceleratorError(f"parallel: {name} must be a positive integer, got {value!r}")
+        if self.mode == "cfg":
+            given = [n for n, v in (("stages", self.stages), ("warmup", self.warmup), ("stride", self.stride))
+                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1}[n]]  # fmt: skip
+            if given:
+                raise AcceleratorError(
+                    f"parallel: {', '.join(given)} apply to mode=async and mode=cfg+async only"
+                )
+            return
+        if self.stages is not None and (isinstance(self.stages, bool) or self.stages < 2):
+            raise AcceleratorError(f"parallel: stages must be an integer >= 2, got {self.stages!r}")
+        per_stage = 2 if self.mode == "cfg+async" else 1
+        if self.stages is not None and self.stages * per_stage != self.devices:
+            raise AcceleratorError(f"parallel(mode={self.mode}): devices must be {per_stage * self.stages} "
+                                   f"(stages={self.stages}{' x 2 guidance branches' * (per_stage > 1)}), "
+                                   f"got {self.devices}")  # fmt: skip
+        if self.devices % per_stage:
+            raise AcceleratorError(f"parallel(mode=cfg+async): devices must be even (2 guidance branches x "
+                                   f"stages), got {self.devices}")  # fmt: skip
+        if self.stage_count() < 2:
+            raise AcceleratorError(f"parallel(mode={self.mode}) needs at least 2 stages: devices must be >= "
+                                   f"{2 * per_stage}, got {self.devices}")  # fmt: skip
+
+    def stage_count(self) -> int:
+        """Stages of the denoiser (1 for mode=cfg)."""
+        if self.mode == "cfg":
+            return 1
+        return self.stages or self.devices // (2 if self.mode == "cfg+async" else 1)
 
     def apply(self, fp) -> Handle:
         facts = pipeline_facts(fp.pipe)
-        if len(facts.cfg_layout) < 2:
+        branches = len(facts.cfg_layout) if "cfg" in self.mode else 1
+        if "cfg" in self.mode and branches < 2:
             raise UnsupportedModelError(
-                f"parallel(mode=cfg) needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} has "
-                f"none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
+                f"parallel(mode={self.mode}) needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} "
+                f"has none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
             )
-        if self.devices != len(facts.cfg_layout):
-            raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
-                                   f"{len(facts.cfg_layout)}, got {self.devices}")  # fmt: skip
+        stages = self.stage_count()
+        if self.devices != branches * stages:
+            raise AcceleratorError(f"parallel(mode={self.mode}) runs one guidance branch per device: devices must "
+                                   f"be {branches * stages}, got {self.devices}")  # fmt: skip
+        if "async" in self.mode:
+            from fastdiff.parallel.async_ import stage_units
+
+            stage_units(fp.denoiser)  # an unsupported denoiser fails before the process group is looked at
         if not dist.is_available() or not dist.is_initialized():
             raise AcceleratorError(
                 f"parallel: no torch.distributed process group; start the script with `torchrun "
@@ -113,5 +165,34 @@ class Parallel(Accelerator):
         if dist.get_world_size() != self.devices:
             raise AcceleratorError(f"parallel: devices={self.devices} but the process group has "
                                    f"{dist.get_world_size()} ranks")  # fmt: skip
-        hook = BranchSplitHook(fp.context, self.devices, dist.get_rank())
-        return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)
+        rank = dist.get_rank()
+        branch, stage = divmod(rank, stages)  # rank = branch * stages + stage
+        handles = []
+        try:
+            if "async" in self.mode:
+                from fastdiff.parallel.async_ import install_async
+
+                ranks, group = _groups(stages, branches, by="stage")[branch]
+                handles.append(install_async(fp, stages, stage, ranks, group, self.warmup, self.stride))
+            if "cfg" in self.mode:  # outside the async hook: it hands each stage one branch's half batch
+                _, group = _groups(stages, branches, by="branch")[stage]
+                hook = BranchSplitHook(fp.context, branches, branch, group)
+                handles.append(install_hook(fp.denoiser, hook, HOOK_NAME, fp.context))
+        except BaseException:
+            for handle in reversed(handles):
+                handle.remove()
+            raise
+        return handles[0] if len(handles) == 1 else HandleGroup(handles)
+
+
+def _groups(stages: int, branches: int, by: str) -> list[tuple[list[int], object]]:
+    """Process groups of ranks that differ only in their stage (``by="stage"``: one per branch) or only in
+    their branch (one per stage). Every rank creates every group (torch.distributed requires it); a single
+    group spanning the world is the default group."""
+    if by == "stage":
+        sets = [[b * stages + s for s in range(stages)] for b in range(branches)]
+    else:
+        sets = [[b * stages + s for b in range(branches)] for s in range(stages)]
+    if len(sets) == 1:
+        return [(sets[0], None)]
+    return [(ranks, dist.new_group(ranks)) for ranks in sets]

@@ -41,3 +41,31 @@ def generate_parallel(model, specs: str, call: dict, devices: int, seed: int = 0
     from fastdiff.parallel.launch import launch
 
     return launch(generate, devices, str(model), [specs], call, seed, timeout_s=timeout_s)[specs]
+
+
+def bench_config(
+    rank: int, world: int, model, specs: str, call: dict, runs: int, seed: int, warmup: bool, steps
+):
+    """On every rank: ``fastdiff bench``'s timed runs of one config; (seconds, images, peak RSS, CPU seconds, NFE)."""
+    from fastdiff import FastPipeline
+    from fastdiff.eval.bench import time_runs
+
+    fp = FastPipeline.from_pretrained(model, accelerators=specs)
+    fp.pipe.set_progress_bar_config(disable=True)
+    if steps and "num_inference_steps" not in fp._defaults:
+        call = dict(call, num_inference_steps=steps)
+
+    def once():
+        return fp(**call, generator=torch.Generator().manual_seed(seed))
+
+    seconds, output, rss, cpu_seconds = time_runs(once, runs, warmup=warmup)
+    return seconds, output.images, rss, cpu_seconds, fp.context.nfe
+
+
+def bench_parallel(model, specs: str, call: dict, devices: int, runs: int, seed: int, warmup: bool, threads: int = 1,
+                   steps=None, timeout_s: float = 300.0):  # fmt: skip
+    """``bench_config`` on ``devices`` processes of ``threads`` threads each; rank 0's figures."""
+    from fastdiff.parallel.launch import launch
+
+    args = (str(model), specs, call, runs, seed, warmup, steps)
+    return launch(bench_config, devices, *args, timeout_s=timeout_s, threads=threads)

@@ -1,0 +1,239 @@
+"""``parallel(mode=async)``: AsyncDiff (Chen et al. 2024), the denoiser split into stages run at once on N ranks.
+
+The denoiser's layers (``stage_units`` in fastdiff/core/models.py: UNet resnets/attentions/samplers, DiT blocks)
+get a named hook each. The first ``warmup`` denoiser calls of a call run the whole model on every rank; the
+first of them also records the order the layers run in and times each one. Then the layers are cut into
+``stages`` contiguous stages of about equal measured cost (rank 0's timings, broadcast so that every rank
+cuts alike), stage k on rank k. From then on, at every denoiser call each rank computes only its own stage;
+every other layer returns the output its owner produced at the previous call, exchanged at the start of the
+call (one broadcast per stage and dtype), so stage k consumes stage k-1's output from the previous step and
+all stages compute at once. UNet skip features come along the same way (they are layer outputs). The last
+stage's prediction is broadcast to every rank, so the sampler state stays identical everywhere.
+
+``stride=s`` exchanges the activations only every s-th call (stages keep consuming the same, older ones in
+between); AsyncDiff's own stride, which computes two steps per round on an extra device, is not built.
+
+A call whose denoiser batch differs from the previous call's (guidance switched off by a callback) runs whole
+on every rank, like a warm-up call. Collectives fail after the process group's timeout when a peer dies or
+hangs; the error names the rank and the step.
+
+Example (``torchrun --nproc-per-node 2 script.py``)::
+
+    import torch.distributed as dist
+    from fastdiff import FastPipeline
+
+    dist.init_process_group("gloo")
+    fp = FastPipeline.from_pretrained("/tmp/tiny-sd", accelerators="parallel(mode=async,devices=2)")
+    images = fp(prompt="a red fox", output_type="np").images   # the same on every rank
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+
+import torch
+import torch.distributed as dist
+from diffusers.hooks import ModelHook
+
+from fastdiff.core.hooks import HandleGroup, install_hook
+from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.registry import AcceleratorError
+from fastdiff.core.tensors import batch_size_of, map_tensors
+
+HOOK_NAME = "fastdiff.parallel-async"
+
+
+def stage_units(denoiser) -> dict[str, torch.nn.Module]:
+    """The denoiser's modules matching its ``stage_units`` patterns (models.py), by dotted name."""
+    facts = denoiser_facts(denoiser, "parallel(mode=async)")
+    if not facts.stage_units:
+        raise UnsupportedModelError(f"parallel(mode=async) has no stage layout for {type(denoiser).__name__}")
+    patterns = [p.split(".") for p in facts.stage_units]
+    units = {}
+    for name, module in denoiser.named_modules():
+        parts = name.split(".")
+        if any(len(p) == len(parts) and all(map(fnmatch.fnmatchcase, parts, p)) for p in patterns):
+            units[name] = module
+    return units
+
+
+def balanced_cuts(costs: list[float], stages: int) -> list[int]:
+    """Stage of each unit: ``stages`` contiguous runs minimizing the costliest run (exact dynamic programme)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: least max-stage cost of splitting units[:i] into k stages; cut[k][i]: where stage k starts
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    owner, i = [0] * n, n
+    for k in range(stages, 0, -1):
+        j = cut[k][i]
+        owner[j:i] = [k - 1] * (i - j)
+        i = j
+    return owner
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(value, lambda t: found.append(t) or t)
+    return found
+
+
+class AsyncState:
+    """What the hooks share: the stage plan, the latest output of every unit, and where this call stands."""
+
+    def __init__(self, context, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int):
+        self.context, self.stages, self.stage, self.ranks, self.group = context, stages, stage, ranks, group
+        self.warmup, self.stride = warmup, stride
+        self.order: list[str] = []  # units in the order they ran at the first call
+        self.costs: dict[str, float] = {}  # fastest time of each unit over the first call's warm-up
+        self.owner: dict[str, int] | None = None  # stage of each unit, fixed once the first warm-up ends
+        self.cache: dict[str, object] = {}  # each unit's latest output known on this rank
+        self.call, self.index, self.batch = -1, 0, None
+        self.sequential = True  # the current denoiser call runs whole on every rank
+        self.fresh = True  # every rank holds every unit's output of the previous call (it ran whole)
+
+    def stage_costs(self) -> list[float]:
+        """Measured seconds per stage (rank 0's timings)."""
+        out = [0.0] * self.stages
+        for name, stage in (self.owner or {}).items():
+            out[stage] += self.costs[name]
+        return out
+
+    def begin(self, batch: int | None) -> None:
+        ctx = self.context
+        if ctx.call_index != self.call:
+            self.call, self.index, self.fresh = ctx.call_index, 0, True
+        self.sequential = self.index < self.warmup or batch != self.batch
+        self.batch = batch
+        if not self.sequential and self.owner is None:
+            self._plan()
+        if not self.sequential and not self.fresh and (self.index - self.warmup) % self.stride == 0:
+            self._exchange()
+        self.index += 1
+
+    def end(self) -> None:
+        self.fresh = self.sequential
+
+    def _plan(self) -> None:
+        costs = torch.tensor([self.costs[n] for n in self.order], dtype=torch.float64)
+        self._collective(dist.broadcast, costs, src=self.ranks[0])  # one timing for all: identical cuts
+        if len(self.order) < self.stages:
+            raise AcceleratorError(f"parallel(mode=async): {len(self.order)} layers ran, fewer than "
+                                   f"stages={self.stages}")  # fmt: skip
+        self.costs = dict(zip(self.order, costs.tolist()))
+        self.owner = dict(zip(self.order, balanced_cuts(costs.tolist(), self.stages)))
+
+    def _exchange(self) -> None:
+        """Every stage's latest outputs to every rank: one broadcast per stage (and dtype)."""
+        for stage, src in enumerate(self.ranks):
+            names = [n for n in self.order if self.owner[n] == stage]
+            tensors = [t for n in names for t in _tensors(self.cache[n])]
+            received: list[torch.Tensor] = []
+            for dtype in sorted({t.dtype for t in tensors}, key=str):
+                mine = [t for t in tensors if t.dtype == dtype]
+                if stage == self.stage:
+                    flat = torch.cat([t.reshape(-1) for t in mine])
+                else:
+                    flat = torch.empty(sum(t.numel() for t in mine), dtype=dtype, device=mine[0].device)
+                self._collective(dist.broadcast, flat, src=src)
+                parts = iter(flat.split([t.numel() for t in mine]))
+                received += [(t, next(parts).view(t.shape)) for t in mine]
+            if stage != self.stage:
+                new = {id(t): r for t, r in received}
+                for n in names:
+                    self.cache[n] = map_tensors(self.cache[n], lambda t, new=new: new[id(t)])
+
+    def share_prediction(self, output):
+        """The last stage's prediction, on every rank."""
+
+        def from_last(t: torch.Tensor) -> torch.Tensor:
+            t = t.contiguous()
+            self._collective(dist.broadcast, t, src=self.ranks[-1])
+            return t
+
+        return map_tensors(output, from_last)
+
+    def _collective(self, op, tensor, **kwargs) -> None:
+        try:
+            op(tensor, group=self.group, **kwargs)
+        except RuntimeError as error:  # gloo: a peer died (connection closed) or hung (timeout)
+            raise RuntimeError(f"parallel(mode=async): rank {dist.get_rank()} lost its peers at step "
+                               f"{self.context.step}: {error}") from error  # fmt: skip
+
+
+class StageUnitHook(ModelHook):
+    """On one layer: run it (own stage, or a sequential call), else return its owner's latest output."""
+
+    def __init__(self, state: AsyncState, name: str):
+        super().__init__()
+        self.state, self.name = state, name
+
+    def new_forward(self, module, *args, **kwargs):
+        st, forward = self.state, self.fn_ref.original_forward
+        if st.sequential:
+            if st.owner is None:  # the first call: record the order and time every layer
+                start = time.perf_counter()
+                output = forward(*args, **kwargs)
+                seconds = time.perf_counter() - start
+                if self.name not in st.costs:
+                    st.order.append(self.name)
+                st.costs[self.name] = min(seconds, st.costs.get(self.name, seconds))
+            else:
+                output = forward(*args, **kwargs)
+        elif st.owner.get(self.name, st.stage) == st.stage:  # layers the plan never saw run everywhere
+            output = forward(*args, **kwargs)
+        else:
+            return st.cache[self.name]
+        st.cache[self.name] = output
+        return output
+
+
+class AsyncDenoiserHook(ModelHook):
+    """On the denoiser: exchange the stages' activations before the call, share the prediction after it."""
+
+    def __init__(self, state: AsyncState):
+        super().__init__()
+        self.state = state
+
+    def new_forward(self, module, *args, **kwargs):
+        st = self.state
+        st.begin(batch_size_of(args, kwargs))
+        try:
+            output = self.fn_ref.original_forward(*args, **kwargs)
+        finally:
+            st.end()
+        return st.share_prediction(output)
+
+
+def install_async(
+    fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int
+) -> HandleGroup:
+    """Hook the layers and the denoiser of ``fp`` for stage ``stage`` of ``stages`` (``ranks``: global ranks)."""
+    units = stage_units(fp.denoiser)
+    if len(units) < stages:
+        raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
+                               f"split, fewer than stages={stages}")  # fmt: skip
+    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride)
+    handles = []
+    try:
+        for name, module in units.items():
+            handles.append(install_hook(module, StageUnitHook(state, name), HOOK_NAME, fp.context))
+        handles.append(install_hook(fp.denoiser, AsyncDenoiserHook(state), HOOK_NAME, fp.context))
+    except BaseException:
+        for handle in reversed(handles):
+            handle.remove()
+        raise
+    group_handle = HandleGroup(handles)
+    group_handle.info.update(state=state)
+    return group_handle
