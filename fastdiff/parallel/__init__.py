@@ -1,6 +1,8 @@
 """Several processes (devices) per pipeline call, on ``torch.distributed`` (gloo on CPU, nccl on GPU).
 
 - ``parallel(mode=cfg,devices=2)``: the two classifier-free-guidance branches run on two ranks at once.
+- ``parallel(mode=async,devices=N)``: the denoiser in N stages computing at once on stale activations (AsyncDiff);
+  ``mode=cfg+async`` combines both (devices = 2 x stages).
 - ``fastdiff.parallel.launch.launch(fn, devices)``: start ``devices`` worker processes with a process group
   (what ``torchrun`` does), run ``fn(rank, ...)`` in each and return rank 0's result; a rank that dies or
   hangs ends the call with an error and no process is left behind.

@@ -6,7 +6,7 @@ first of them also records the order the layers run in and times each one. Then 
 ``stages`` contiguous stages of about equal measured cost (rank 0's timings, broadcast so that every rank
 cuts alike), stage k on rank k. From then on, at every denoiser call each rank computes only its own stage;
 every other layer returns the output its owner produced at the previous call, exchanged at the start of the
-call (one broadcast per stage and dtype), so stage k consumes stage k-1's output from the previous step and
+call (one broadcast per stage but the last), so stage k consumes stage k-1's output from the previous step and
 all stages compute at once. UNet skip features come along the same way (they are layer outputs). The last
 stage's prediction is broadcast to every rank, so the sampler state stays identical everywhere.
 
@@ -135,8 +135,9 @@ class AsyncState:
         self.owner = dict(zip(self.order, balanced_cuts(costs.tolist(), self.stages)))
 
     def _exchange(self) -> None:
-        """Every stage's latest outputs to every rank: one broadcast per stage (and dtype)."""
-        for stage, src in enumerate(self.ranks):
+        """Every stage's latest outputs to every rank: one broadcast per stage (and dtype). The last stage's
+        are left out: they feed nothing but its own prediction, which ``share_prediction`` sends."""
+        for stage, src in enumerate(self.ranks[:-1]):
             names = [n for n in self.order if self.owner[n] == stage]
             tensors = [t for n in names for t in _tensors(self.cache[n])]
             received: list[torch.Tensor] = []

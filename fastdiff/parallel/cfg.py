@@ -1,4 +1,6 @@
-"""``parallel(mode=cfg,devices=2)``: the two classifier-free-guidance branches on two ranks at once.
+"""The ``parallel`` accelerator; ``mode=cfg``: the two classifier-free-guidance branches on two ranks at once.
+
+(``mode=async`` splits the denoiser into stages, fastdiff/parallel/async_.py; ``mode=cfg+async`` does both.)
 
 Every rank runs the same pipeline call with the same seed (scheduler, latents and VAE stay identical on
 all ranks, cheap next to the denoiser). A ``new_forward`` hook on the denoiser keeps only the rank's own
