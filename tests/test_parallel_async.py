@@ -59,7 +59,8 @@ def two_stages(models):
 
 WARM_ONLY = f"{SAMPLER};parallel(mode=async,devices=2,warmup={STEPS})"
 PIPELINED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2)"
-STRIDED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2,stride=2)"  # activations exchanged every 2nd step
+# activations exchanged every 2nd step
+STRIDED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2,stride=2)"
 
 
 @pytest.mark.slow
@@ -72,7 +73,8 @@ def test_two_stages_on_unet_conditional_unet_and_dit(two_stages):
         # 4 of 6 steps on stale activations: close to the single-device images, not equal
         staged = result[PIPELINED]["images"]
         assert np.isfinite(staged).all() and 12 < psnr(staged, plain) < 200, (name, psnr(staged, plain))
-        strided = result[STRIDED]["images"]  # older activations on every other step: another image, still close
+        # older activations on every other step: another image, still close
+        strided = result[STRIDED]["images"]
         assert 10 < psnr(strided, plain) < 200 and not np.array_equal(strided, staged), name
 
 
