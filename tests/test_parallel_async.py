@@ -29,6 +29,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("async")
     return {
         "tiny-sd": build("tiny-sd", root / "tiny-sd", size="test"),
+        "tiny-sdxl": build("tiny-sdxl", root / "tiny-sdxl", size="test"),
         "tiny-dit": build("tiny-dit", root / "tiny-dit", size="test"),
         "digits": ensure_digits(root / "digits"),
     }
@@ -51,7 +52,7 @@ def _two_stage_checks(rank, world, runs: dict, specs: list[str]):
 def two_stages(models):
     """One launch of 2 workers for the 2-stage checks (starting workers costs more than the calls)."""
     labels = {"class_labels": [1, 7], "num_inference_steps": STEPS}
-    runs = {"tiny-sd": (str(models["tiny-sd"]), SD_CALL),
+    runs = {"tiny-sd": (str(models["tiny-sd"]), SD_CALL), "tiny-sdxl": (str(models["tiny-sdxl"]), SD_CALL),
             "digits": (str(models["digits"]), dict(labels, guidance_scale=2.0)),
             "tiny-dit": (str(models["tiny-dit"]), dict(labels, guidance_scale=4.0))}  # fmt: skip
     return launch(_two_stage_checks, 2, runs, [WARM_ONLY, PIPELINED, STRIDED], timeout_s=60)
@@ -65,7 +66,7 @@ STRIDED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2,stride=2)"
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_two_stages_on_unet_conditional_unet_and_dit(two_stages):
+def test_two_stages_on_sd_sdxl_class_conditional_unet_and_dit(two_stages):
     for name, result in two_stages[0].items():
         plain = result[SAMPLER]["images"]
         # warm-up only: every rank runs the whole model, as on one device
