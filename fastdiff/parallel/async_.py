@@ -89,6 +89,14 @@ def _tensors(value) -> list[torch.Tensor]:
     return found
 
 
+def _wait(value) -> None:
+    """Wait for the CUDA kernels behind ``value`` (they run asynchronously; timing needs them finished)."""
+    for t in _tensors(value):
+        if t.is_cuda:
+            torch.cuda.synchronize(t.device)
+            return
+
+
 class AsyncState:
     """What the hooks share: the stage plan, the latest output of every unit, and where this call stands."""
 
@@ -184,8 +192,10 @@ class StageUnitHook(ModelHook):
         st, forward = self.state, self.fn_ref.original_forward
         if st.sequential:
             if st.owner is None:  # the first call: record the order and time every layer
+                _wait((args, kwargs))
                 start = time.perf_counter()
                 output = forward(*args, **kwargs)
+                _wait(output)
                 seconds = time.perf_counter() - start
                 if self.name not in st.costs:
                     st.order.append(self.name)
