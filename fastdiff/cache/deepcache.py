@@ -307,6 +307,7 @@ class DeepCache(Accelerator):
     spec_name = "deepcache"
     kind = "cache"
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.blocks"})
     conflicts_with = frozenset({"forecast", "experts"})
 

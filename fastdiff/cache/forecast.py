@@ -155,6 +155,7 @@ class Forecast(Accelerator):
     spec_name = "forecast"
     kind = "cache"
     touches = frozenset({"denoiser.forward"})
+    runs_on_xla = True
     conflicts_with = frozenset({"deepcache", "blockcache", "forecast"})
 
     def validate(self) -> None:

@@ -166,6 +166,7 @@ class PromptCache(Accelerator):
     spec_name = "promptcache"
     kind = "text"
     touches = frozenset({"text_encoder.forward"})
+    runs_on_xla = True
     conflicts_with = frozenset({"promptcache"})  # two caches on one encoder would share a hook name
 
     def validate(self) -> None:

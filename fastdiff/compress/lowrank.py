@@ -132,6 +132,7 @@ class LowRank(Accelerator):
     spec_name = "lowrank"
     kind = "compress"
     touches = frozenset({"denoiser.weights", "denoiser.structure"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.structure"})
 
     def validate(self) -> None:

@@ -82,6 +82,7 @@ class Prune(Accelerator):
     spec_name = "prune"
     kind = "compress"
     touches = frozenset({"denoiser.weights", "denoiser.structure"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.weights", "denoiser.structure"})
 
     def validate(self) -> None:
@@ -352,6 +353,7 @@ class Sparsity(Accelerator):
     spec_name = "sparsity"
     kind = "compress"
     touches = frozenset({"denoiser.weights"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.weights"})
 
     def validate(self) -> None:

@@ -177,6 +177,7 @@ class Fuse(Accelerator):
     spec_name = "fuse"
     kind = "compress"
     touches = frozenset({"denoiser.weights", "denoiser.attn_processors", "denoiser.memory_format"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.attn_processors", "denoiser.memory_format"})
 
     def validate(self) -> None:
@@ -270,6 +271,7 @@ class AttentionBackend(Accelerator):
     spec_name = "attention"
     kind = "attention"
     touches = frozenset({"denoiser.attn_processors"})
+    runs_on_xla = True
     exclusive = frozenset({"denoiser.attn_processors"})
 
     def apply(self, fp) -> Handle:

@@ -276,6 +276,7 @@ class ToMe(Accelerator):
     spec_name = "tome"
     kind = "attention"
     touches = frozenset({"denoiser.attention"})
+    runs_on_xla = True
     conflicts_with = frozenset({"experts"})  # its hooks sit inside one model; experts route around it
 
     def validate(self) -> None:

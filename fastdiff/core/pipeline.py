@@ -35,7 +35,13 @@ from fastdiff.core.models import (
     foreign_forward,
     refuse_foreign_patches,
 )
-from fastdiff.core.registry import Accelerator, AcceleratorError, apply_order, check_conflicts
+from fastdiff.core.registry import (
+    Accelerator,
+    AcceleratorError,
+    apply_order,
+    check_conflicts,
+    check_device,
+)
 from fastdiff.core.spec import parse
 
 # Declared touches of accelerators that change the denoiser's weights or layers (LoRA changes under them are refused).
@@ -84,8 +90,13 @@ class FastPipeline:
             self.accelerate(*parse(accelerators))
 
     @classmethod
-    def from_pretrained(cls, path_or_dir: str | os.PathLike, accelerators=None, **kwargs) -> FastPipeline:
-        """Load any diffusers pipeline directory (``DiffusionPipeline.from_pretrained``) and wrap it."""
+    def from_pretrained(
+        cls, path_or_dir: str | os.PathLike, accelerators=None, device=None, **kwargs
+    ) -> FastPipeline:
+        """Load any diffusers pipeline directory (``DiffusionPipeline.from_pretrained``) and wrap it.
+
+        ``device`` ("cpu", "cuda", "xla" ...) places the pipeline there before any accelerator is applied.
+        """
         from diffusers import DiffusionPipeline
 
         import fastdiff  # noqa: F401  (registers fastdiff's own pipeline classes with diffusers)
@@ -101,6 +112,8 @@ class FastPipeline:
                 )
         pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
         _own_weights(pipe)
+        if device is not None:
+            pipe.to(resolve_device(device))
         manifest = path / "fastdiff_distill.json"  # a distilled student records the sampler it was made for
         if accelerators is None and looks_local and manifest.is_file():
             accelerators = json.loads(manifest.read_text()).get("load_accelerators") or None
@@ -127,6 +140,7 @@ class FastPipeline:
             if config not in self.accelerators and config not in fresh:
                 fresh.append(config)
         check_conflicts(list(self.accelerators), fresh)
+        check_device(fresh, self.pipe.device)
         applied: list[tuple[Accelerator, Handle]] = []
         try:
             for config in apply_order(fresh):
@@ -184,6 +198,17 @@ class FastPipeline:
         self.pipe.__dict__.pop("_fastdiff_wrapper", None)
         return self.pipe
 
+    def to(self, *args, **kwargs) -> FastPipeline:
+        """``DiffusionPipeline.to`` ("xla" = torch-xla's device); refused if an active accelerator cannot run there."""
+        args = tuple(resolve_device(a) if isinstance(a, (str, torch.device)) else a for a in args)
+        if kwargs.get("device") is not None:
+            kwargs["device"] = resolve_device(kwargs["device"])
+        for device in (*args, kwargs.get("device")):
+            if isinstance(device, torch.device):
+                check_device(list(self.accelerators), device)
+        self.pipe.to(*args, **kwargs)
+        return self
+
     def set_call_default(self, key: str, value: Any) -> Handle:
         """Default a call argument (e.g. ``num_inference_steps``) unless the caller passes it."""
         if key in self._defaults:
@@ -203,6 +228,7 @@ class FastPipeline:
         facts = PIPELINES.get(type(self.pipe).__name__)
         self.context.begin_call(cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else ())
         scheduler = self.pipe.scheduler
+        sync = step_sync(self.pipe.device)  # XLA: cut the lazy graph at every step boundary
         shadowed = scheduler.__dict__.get("step")
         original_step = scheduler.step
         params = inspect.signature(original_step).parameters
@@ -215,10 +241,14 @@ class FastPipeline:
             if not takes_any:  # e.g. DDPMPipeline passes generator= even to schedulers without one
                 k = {key: v for key, v in k.items() if key in params}
             out = original_step(*a, **k)
+            if sync is not None:
+                sync()
             self.context.step += 1
             return out
 
         scheduler.step = counted_step  # instance attribute for this call only; the class method is untouched
+        if sync is not None:
+            sync()  # runs what is pending (weights an accelerator just changed) apart from the first step's graph
         self.context.active = True
         try:
             output = self.pipe(*args, **kwargs)
@@ -272,6 +302,29 @@ class FastPipeline:
     @property
     def call_signature(self) -> inspect.Signature:
         return inspect.signature(self.pipe.__call__)
+
+
+def resolve_device(device) -> torch.device:
+    """``torch.device`` of ``device``; "xla" means torch-xla's current device (needs torch-xla installed)."""
+    if str(device).split(":")[0] == "xla":
+        from fastdiff.xla.device import xla_device
+
+        return xla_device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device {device!r} is not a torch device; e.g. 'cpu', 'cuda', 'cuda:1', 'xla'"
+        ) from error
+
+
+def step_sync(device):
+    """What ends a denoising step on ``device``: ``torch_xla.sync`` on XLA devices, else None."""
+    if getattr(device, "type", None) != "xla":
+        return None
+    from fastdiff.xla.device import sync
+
+    return sync
 
 
 def _own_weights(pipe) -> None:

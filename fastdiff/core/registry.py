@@ -6,7 +6,8 @@ Every accelerator is a frozen dataclass registered with ``@register``. It declar
 - ``kind``: its family; kinds are applied in ``KIND_ORDER`` (weights first, compile last);
 - ``touches``: what it changes (``"scheduler"``, ``"denoiser.forward"``, ``"denoiser.weights"`` ...);
 - ``exclusive``: touched resources that no other accelerator may touch at the same time;
-- ``conflicts_with``: names it cannot be combined with (declared on both sides; a test checks symmetry).
+- ``conflicts_with``: names it cannot be combined with (declared on both sides; a test checks symmetry);
+- ``runs_on_xla``: whether it runs on a torch-xla device (TPU); others are refused there (``check_device``).
 
 Example::
 
@@ -51,6 +52,7 @@ class Accelerator:
     touches: ClassVar[frozenset[str]] = frozenset()
     exclusive: ClassVar[frozenset[str]] = frozenset()
     conflicts_with: ClassVar[frozenset[str]] = frozenset()
+    runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/test_xla.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +143,20 @@ def check_conflicts(active: list[Accelerator], new: list[Accelerator]) -> None:
             reason = conflict_reason(a, b)
             if reason:
                 raise AcceleratorError(f"{a} conflicts with {b}: {reason}")
+
+
+def check_device(configs: list[Accelerator], device) -> None:
+    """Refuse accelerators that cannot run on ``device`` (a torch.device); only XLA devices restrict any."""
+    if getattr(device, "type", device) != "xla":
+        return
+    refused = [str(c) for c in configs if not c.runs_on_xla]
+    if refused:
+        _load_accelerators()
+        runners = sorted(name for name, cls in REGISTRY.items() if cls.runs_on_xla)
+        raise AcceleratorError(
+            f"{', '.join(refused)} cannot run on the XLA device {device}; accelerators that run under XLA: "
+            f"{', '.join(runners)}"
+        )
 
 
 def apply_order(configs: list[Accelerator]) -> list[Accelerator]:

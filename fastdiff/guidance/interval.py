@@ -87,6 +87,7 @@ class CFGInterval(Accelerator):
     spec_name = "cfg-interval"
     kind = "guidance"
     touches = frozenset({"denoiser.forward", "denoiser.batch"})
+    runs_on_xla = True
     conflicts_with = frozenset({"cfg-interval"})  # one window per pipeline
 
     def validate(self) -> None:

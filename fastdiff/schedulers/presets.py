@@ -59,6 +59,9 @@ PRESETS: dict[str, tuple[str, dict, str]] = {
     "lcm": ("LCMScheduler", {}, "only for LCM-distilled models; 1-8 steps"),
 }
 
+# Presets that fail on torch-xla devices: torchsde's BrownianTree refuses the XLA device type.
+NOT_ON_XLA = frozenset({"dpm++sde"})
+
 PresetName = Literal[
     "ddim", "ddpm", "pndm", "euler", "euler-a", "heun", "dpm++2m", "dpm++2m-karras", "dpm++2m-sde",
     "dpm++sde", "unipc", "deis", "lcm",
@@ -108,6 +111,8 @@ class Scheduler(Accelerator):
     kind = "sampler"
     touches = frozenset({"scheduler", "call.num_inference_steps"})
     exclusive = frozenset({"scheduler"})
+    # every preset but NOT_ON_XLA ran on torch-xla in tests/test_xla.py
+    runs_on_xla = property(lambda self: self.name not in NOT_ON_XLA)
 
     def validate(self) -> None:
         if self.name not in PRESETS:
