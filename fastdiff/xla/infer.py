@@ -28,7 +28,7 @@ from fastdiff.core.pipeline import FastPipeline
 
 def load(model, specs: str = "", device="xla", bf16: bool = False) -> FastPipeline:
     """``model`` (a pipeline directory) on ``device``, in bfloat16 if asked, with ``specs`` applied there."""
-    kwargs = {"torch_dtype": torch.bfloat16} if bf16 else {}
+    kwargs = {"dtype": torch.bfloat16} if bf16 else {}  # diffusers 0.42 deprecates torch_dtype=
     fp = FastPipeline.from_pretrained(model, accelerators=specs or None, device=device, **kwargs)
     fp.pipe.set_progress_bar_config(disable=True)
     return fp
