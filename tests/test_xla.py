@@ -139,9 +139,11 @@ def test_digits_on_xla_matches_cpu_eager(models):
 
 
 def test_deepcache_compiles_a_bounded_number_of_graphs(models):
-    specs = f"{SAMPLER};deepcache(interval=3)"
-    reference = generate(load(models["digits"], specs, "cpu"), steps=12)
-    fp = load(models["digits"], specs, "xla")
+    deepcache = "deepcache(interval=3)"
+    reference = generate(load(models["digits"], f"{SAMPLER};{deepcache}", "cpu"), steps=12)
+    fp = load(models["digits"], SAMPLER, "xla")
+    plain = generate(fp, steps=12)
+    handle = fp.accelerate(deepcache)
     images, per_step, total = traced(fp, 12)
     assert max_diff(images, reference) <= TOLERANCE
     assert 0 < total <= DEEPCACHE_MAX_GRAPHS, per_step
@@ -149,6 +151,8 @@ def test_deepcache_compiles_a_bounded_number_of_graphs(models):
     # another step count is another shape (the timesteps' length): a few small graphs, as without deepcache
     assert traced(fp, 9)[2] <= NEW_STEP_COUNT_GRAPHS
     assert traced(fp, 9)[2] == 0
+    handle.remove()
+    assert np.array_equal(generate(fp, steps=12), plain)  # removed on XLA: the sampler's own images again
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if n not in NOT_ON_XLA])
