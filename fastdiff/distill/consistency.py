@@ -75,7 +75,7 @@ def student_scheduler(config, skip: int):
 
     from fastdiff.schedulers.presets import explicit_config
 
-    return LCMScheduler.from_config(explicit_config(config), original_inference_steps=config.num_train_timesteps // skip,
+    return LCMScheduler.from_config(explicit_config(config, "LCMScheduler"), original_inference_steps=config.num_train_timesteps // skip,
                                     clip_sample=False)  # fmt: skip
 
 

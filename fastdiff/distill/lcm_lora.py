@@ -77,7 +77,7 @@ class LcmLora(DistilledAccelerator):
             raise AcceleratorError(f"lcm-lora: the adapter does not fit this denoiser ({unexpected[:3]} ...)")
         original = pipe.scheduler
         total = original.config.num_train_timesteps
-        pipe.scheduler = LCMScheduler.from_config(explicit_config(original.config), clip_sample=False,
+        pipe.scheduler = LCMScheduler.from_config(explicit_config(original.config, "LCMScheduler"), clip_sample=False,
             original_inference_steps=info.get("original_inference_steps", total // 20))  # fmt: skip
 
         def restore():

@@ -64,7 +64,7 @@ def student_scheduler(config):
 
     from fastdiff.schedulers.presets import explicit_config
 
-    return DDIMScheduler.from_config(explicit_config(config), prediction_type="v_prediction", clip_sample=False,
+    return DDIMScheduler.from_config(explicit_config(config, "DDIMScheduler"), prediction_type="v_prediction", clip_sample=False,
                                      set_alpha_to_one=True, timestep_spacing="trailing")  # fmt: skip
 
 

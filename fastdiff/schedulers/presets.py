@@ -72,7 +72,8 @@ def make_scheduler(name: str, config) -> object:
     """Build preset ``name`` from a scheduler config (keeps betas and prediction type)."""
     if name not in PRESETS:
         raise AcceleratorError(f"unknown scheduler preset {name!r}; choose one of {', '.join(PRESETS)}")
-    config = explicit_config(config)
+    cls_name, flags, _ = PRESETS[name]
+    config = explicit_config(config, cls_name)
     key = (
         name,
         json.dumps(config, sort_keys=True, default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v)),
@@ -82,7 +83,6 @@ def make_scheduler(name: str, config) -> object:
         # request builds the same schedulers again and again, so build each once and hand out copies
         if len(_PROTOTYPES) >= 64:
             _PROTOTYPES.clear()
-        cls_name, flags, _ = PRESETS[name]
         _PROTOTYPES[key] = getattr(diffusers, cls_name).from_config(config, **flags)
     return copy.deepcopy(_PROTOTYPES[key])
 
@@ -90,13 +90,29 @@ def make_scheduler(name: str, config) -> object:
 _PROTOTYPES: dict[tuple[str, str], object] = {}
 
 
-def explicit_config(config) -> dict:
-    """``config`` with every value made explicit.
+# What the model was trained with: kept when a scheduler is rebuilt as another class (solver options are not)
+MODEL_KEYS = frozenset({
+    "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type",
+    "steps_offset", "timestep_spacing", "rescale_betas_zero_snr", "clip_sample", "clip_sample_range",
+    "thresholding", "dynamic_thresholding_ratio", "sample_max_value", "set_alpha_to_one",
+})  # fmt: skip
+
+
+def explicit_config(config, target: str | None = None) -> dict:
+    """``config`` with every value made explicit; for another class ``target``, only the ``MODEL_KEYS``.
 
     diffusers' ``from_config`` replaces the keys listed in ``_use_default_values`` (those a scheduler built in
-    memory left at its defaults) by the *new* class's defaults, which changes the betas, e.g. DDPM -> LCM.
+    memory left at its defaults) by the *new* class's defaults, which changes the betas, e.g. DDPM -> LCM. A
+    solver's own options do not carry over to another class (DEIS's ``algorithm_type="deis"`` is no value for
+    DPM-Solver, DPM-Solver's ``sde-dpmsolver++`` none for DEIS): the new class takes its defaults.
     """
-    return {key: value for key, value in dict(config).items() if key != "_use_default_values"}
+    config = dict(config)
+    keep = (
+        (lambda key: key in MODEL_KEYS)
+        if target and config.get("_class_name") != target
+        else (lambda key: True)
+    )
+    return {key: value for key, value in config.items() if key != "_use_default_values" and keep(key)}
 
 
 @register

@@ -115,7 +115,9 @@ def standard_spacings(scheduler, steps: int) -> dict[str, list[int]]:
     spacing, total = Spacing(scheduler, steps), scheduler.config.num_train_timesteps
     out = {}
     for name, flags in SPACING_FLAGS.items():
-        reference = DPMSolverMultistepScheduler.from_config(explicit_config(scheduler.config), **flags)
+        reference = DPMSolverMultistepScheduler.from_config(
+            explicit_config(scheduler.config, "DPMSolverMultistepScheduler"), **flags
+        )
         reference.set_timesteps(steps)
         out[name] = strictly_decreasing(reference.timesteps.tolist(), total)
     for name, key in AYS_LISTS.items():
@@ -188,7 +190,10 @@ def references(pipe, inputs: dict, seeds: list[int], reference_steps: int) -> tu
         }, "exact ODE solve (DOP853)"
     original = pipe.scheduler
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(
-        explicit_config(original.config), algorithm_type="dpmsolver++", solver_order=2, use_karras_sigmas=True
+        explicit_config(original.config, "DPMSolverMultistepScheduler"),
+        algorithm_type="dpmsolver++",
+        solver_order=2,
+        use_karras_sigmas=True,
     )
     try:
         out = {s: sample(pipe, inputs, s, reference_steps) for s in seeds}
