@@ -115,6 +115,7 @@ def test_bad_options_and_requests_are_refused_before_any_process_starts(tiny_sd,
         sp.map(requests(1))
     for request, message in [
         ("a fox", "a request is a dict"),
+        (None, "a request is a dict"),
         ({"prompt": "a fox", "steps": 3}, r"request arguments \['steps'\] are not allowed"),
         ({"prompt": "a fox", "prompt_embeds": torch.zeros(1)}, r"\['prompt_embeds'\] are not allowed"),
         ({"guidance_scale": 2.0}, "needs a prompt"),

@@ -182,21 +182,21 @@ class StagePipeline:
                 "StagePipeline is not started; use `with StagePipeline(...) as sp:` or sp.start()"
             )
         pending: deque[int] = deque()
-        todo = iter(requests)
-        request = next(todo, None)
+        todo, end = iter(requests), object()
+        request = next(todo, end)
         try:
-            while request is not None or pending:
-                if request is not None:
+            while request is not end or pending:
+                if request is not end:
                     self.check_request(request)
                     try:
                         self._queues[0].put_nowait((self._next_index, request))
                         pending.append(self._next_index)
                         self._next_index += 1
-                        request = next(todo, None)
+                        request = next(todo, end)
                         continue
                     except queue.Full:
                         pass
-                message = self._get(wait_once=request is not None)
+                message = self._get(wait_once=request is not end)
                 if message is not None:
                     index, result = message
                     assert index == pending.popleft(), "stage queues delivered out of order"
