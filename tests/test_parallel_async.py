@@ -159,7 +159,7 @@ def test_a_killed_stage_worker_ends_the_call_with_an_error_and_leaves_no_process
         ("parallel(mode=cfg+async,devices=4,stages=3)", "devices must be 6"),
         ("parallel(mode=async,devices=2,warmup=0)", "warmup must be a positive integer, got 0"),
         ("parallel(mode=async,devices=2,stride=0)", "stride must be a positive integer, got 0"),
-        ("parallel(mode=cfg,devices=2,warmup=2)", "warmup apply to mode=async"),
+        ("parallel(mode=cfg,devices=2,warmup=3)", "warmup apply to mode=async"),
     ],
 )
 def test_bad_options_name_the_value(spec, message):

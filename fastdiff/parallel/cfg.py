@@ -37,7 +37,7 @@ from fastdiff.core.tensors import batch_size_of, map_tensors
 
 HOOK_NAME = "fastdiff.parallel-cfg"
 MODES = ("cfg", "async", "cfg+async")
-DEFAULT_WARMUP = 3
+DEFAULT_WARMUP = 2
 
 
 class BranchSplitHook(ModelHook):

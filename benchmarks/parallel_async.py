@@ -1,0 +1,112 @@
+"""parallel(mode=async): 2 processes x 1 thread vs 1 process x 1 thread, dpm++2m 20, same seed, with quality.
+
+Run alone on the 2-core machine (both cores are needed), under the shared lock::
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async.py   # results/parallel_async.json
+
+Models: tiny-sd (bench size, guidance 7.5, 2 prompts; PSNR vs the single-process images) and the digits
+reference (guidance 2, 500 images: accuracy and FD by fastdiff's own evaluator, as ``fastdiff bench``, plus
+PSNR). Each setting runs in freshly launched worker processes: one untimed warm-up call (it also times the
+layers and fixes the stage split), then ``--runs`` timed calls; the speedup is the ratio of median wall times.
+``--warmups`` lists the async warm-up lengths to try (the first is the headline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from fastdiff.eval import quality_for
+from fastdiff.eval.bench import make_inputs, time_runs
+from fastdiff.eval.fidelity import psnr
+from fastdiff.parallel.launch import launch
+from fastdiff.zoo import build
+from fastdiff.zoo.shipped import ensure_digits
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SAMPLER = "scheduler(name=dpm++2m,steps=20)"
+
+
+def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) -> dict:
+    """On every rank: a warm-up call and ``runs`` timed calls; rank 0's figures and, for async, the stage plan."""
+    from fastdiff import FastPipeline
+
+    fp = FastPipeline.from_pretrained(model)
+    fp.pipe.set_progress_bar_config(disable=True)
+    handle = fp.accelerate(specs)
+    seconds, output, _, _ = time_runs(
+        lambda: fp(**call, output_type="np", generator=torch.Generator().manual_seed(0)), runs
+    )
+    states = [h.state for h in getattr(handle, "handles", [handle]) if "state" in h.info]
+    plan = {}
+    if states:
+        st = states[0]
+        plan = {"stage_seconds": st.stage_costs(), "layers_per_stage": [list(st.owner.values()).count(s)
+                for s in range(st.stages)], "boundary": [n for n in st.order if st.owner[n] == 1][0]}  # fmt: skip
+    return {"seconds": seconds, "images": output.images, "plan": plan}
+
+
+def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate) -> dict:
+    single = launch(timed, 1, str(model), SAMPLER, call, runs, timeout_s=600)
+    out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
+    for warmup in warmups:
+        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup})"
+        two = launch(timed, 2, str(model), specs, call, runs, timeout_s=600)
+        out[f"async warmup={warmup}"] = {
+            "specs": specs,
+            "seconds": two["seconds"],
+            "speedup": statistics.median(single["seconds"]) / statistics.median(two["seconds"]),
+            **evaluate(two["images"], single["images"]),
+            **two["plan"],
+        }
+        print(
+            json.dumps({k: v for k, v in out[f"async warmup={warmup}"].items() if k != "specs"}), flush=True
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
+    parser.add_argument("--models", default="tiny-sd,digits")
+    parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    args = parser.parse_args()
+    from diffusers import DiffusionPipeline
+
+    warmups = [int(w) for w in args.warmups.split(",")]
+    out = (
+        json.loads((RESULTS / "parallel_async.json").read_text())
+        if (RESULTS / "parallel_async.json").exists()
+        else {}
+    )
+    for name in args.models.split(","):
+        if name == "tiny-sd":
+            model = build("tiny-sd", args.cache / "tiny-sd-bench", size="bench")
+        else:
+            model = ensure_digits(args.cache / "digits")
+        pipe = DiffusionPipeline.from_pretrained(model)
+        call = make_inputs(pipe, 500 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
+        quality = quality_for(pipe)
+
+        def evaluate(images, reference, pipe=pipe, call=call, quality=quality):
+            row = {} if reference is None else {"psnr_vs_single": psnr(images, reference)}
+            if quality is not None:  # the digits reference: accuracy and FD, as fastdiff bench reports them
+                row.update(quality(pipe, call, images, 0))
+            return row
+
+        print(name, flush=True)
+        out[name] = {**out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
+                     "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
+                     "images": len(call.get("prompt", call.get("class_labels", []))),
+                     **measure(model, call, args.runs, warmups, evaluate)}  # fmt: skip
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "parallel_async.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
