@@ -23,6 +23,7 @@ import torch
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs, time_runs
 from fastdiff.eval.fidelity import psnr
+from fastdiff.parallel.async_ import _tensors
 from fastdiff.parallel.launch import launch
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
@@ -45,8 +46,14 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) 
     plan = {}
     if states:
         st = states[0]
-        plan = {"stage_seconds": st.stage_costs(), "layers_per_stage": [list(st.owner.values()).count(s)
-                for s in range(st.stages)], "boundary": [n for n in st.order if st.owner[n] == 1][0]}  # fmt: skip
+
+        def megabytes(names):
+            return sum(t.numel() * t.element_size() for n in names for t in _tensors(st.cache[n])) / 2**20
+
+        plan["exchanged_mb_per_step"] = megabytes(st.send[0])
+        plan["stage0_outputs_mb"] = megabytes([n for n in st.order if st.owner[n] == 0])
+        plan.update(stage_seconds=st.stage_costs(), boundary=[n for n in st.order if st.owner[n] == 1][0],
+                    layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)])  # fmt: skip
     return {"seconds": seconds, "images": output.images, "plan": plan}
 
 
@@ -72,6 +79,7 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--fresh", action="store_true", help="start a new JSON instead of adding to it")
     parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
     parser.add_argument("--models", default="tiny-sd,digits")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
@@ -79,11 +87,8 @@ def main() -> None:
     from diffusers import DiffusionPipeline
 
     warmups = [int(w) for w in args.warmups.split(",")]
-    out = (
-        json.loads((RESULTS / "parallel_async.json").read_text())
-        if (RESULTS / "parallel_async.json").exists()
-        else {}
-    )
+    path = RESULTS / "parallel_async.json"
+    out = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
     for name in args.models.split(","):
         if name == "tiny-sd":
             model = build("tiny-sd", args.cache / "tiny-sd-bench", size="bench")
@@ -105,7 +110,7 @@ def main() -> None:
                      "images": len(call.get("prompt", call.get("class_labels", []))),
                      **measure(model, call, args.runs, warmups, evaluate)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "parallel_async.json").write_text(json.dumps(out, indent=2))
+        path.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

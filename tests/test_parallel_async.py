@@ -45,7 +45,10 @@ def _each_model(rank, world, runs: dict, specs: list[str]):
 
 
 def _two_stage_checks(rank, world, runs: dict, specs: list[str]):
-    return _each_model(rank, world, runs, specs), _apply_remove_and_plan(rank, world, runs["tiny-sd"][0])
+    plans = {
+        name: _apply_remove_and_plan(rank, world, *runs[name]) for name in ("tiny-sd", "digits", "tiny-dit")
+    }
+    return _each_model(rank, world, runs, specs), plans
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +82,14 @@ def test_two_stages_on_sd_sdxl_class_conditional_unet_and_dit(two_stages):
         assert 10 < psnr(strided, plain) < 200 and not np.array_equal(strided, staged), name
 
 
-def _apply_remove_and_plan(rank, world, model):
+def _apply_remove_and_plan(rank, world, model, call):
     fp = FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
 
     def run():
         import torch
 
-        return fp(**SD_CALL, output_type="np", generator=torch.Generator().manual_seed(0)).images
+        return fp(**call, output_type="np", generator=torch.Generator().manual_seed(0)).images
 
     before = run()
     spec = f"{SAMPLER};parallel(mode=async,devices=2)"
@@ -94,15 +97,23 @@ def _apply_remove_and_plan(rank, world, model):
     assert fp.accelerate(spec) is not None  # applying the active config again is a no-op
     state = next(h.state for h in handle.handles if "state" in h.info)
     staged, again = run(), run()
+    state.selective = (
+        False  # every output of stage 0 exchanged, not only those that stage 1 was traced to read
+    )
+    exchange_all = run()
     handle.remove()
-    return {"before": before, "after": run(), "staged": staged, "again": again, "order": state.order,
-            "owner": state.owner, "stage_costs": state.stage_costs()}  # fmt: skip
+    return {"before": before, "after": run(), "staged": staged, "again": again, "exchange_all": exchange_all,
+            "order": state.order, "owner": state.owner, "stage_costs": state.stage_costs(), "send": state.send}  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_apply_remove_restores_and_the_stages_are_balanced(two_stages):
-    out = two_stages[1]
+    for name, out in two_stages[1].items():
+        _check_apply_remove_and_plan(name, out)
+
+
+def _check_apply_remove_and_plan(name, out):
     np.testing.assert_array_equal(out["before"], out["after"])
     np.testing.assert_array_equal(out["staged"], out["again"])  # the plan is kept; every call is alike
     assert not np.array_equal(out["staged"], out["before"])
@@ -110,6 +121,11 @@ def test_apply_remove_restores_and_the_stages_are_balanced(two_stages):
     assert owners == sorted(owners) and set(owners) == {0, 1}  # contiguous stages, in the order layers ran
     costs = out["stage_costs"]
     assert max(costs) < 0.8 * sum(costs), costs  # one-sided cuts would leave one stage nearly all the work
+    # only what stage 1 reads is exchanged, and that is all it needs: the same images as exchanging everything
+    np.testing.assert_array_equal(out["staged"], out["exchange_all"], err_msg=name)
+    assert (
+        0 < len(out["send"][0]) and out["send"][1] == [n for n in out["order"] if out["owner"][n] == 1][-1:]
+    )
 
 
 @pytest.mark.slow

@@ -110,6 +110,12 @@ class AsyncState:
         self.call, self.index, self.batch = -1, 0, None
         self.sequential = True  # the current denoiser call runs whole on every rank
         self.fresh = True  # every rank holds every unit's output of the previous call (it ran whole)
+        self.producer: dict[
+            int, str
+        ] = {}  # id of a unit's output tensor -> unit (first call, to trace reads)
+        self.reads: dict[str, set[str]] = {}  # hooked module -> units whose outputs it took as inputs
+        self.send: dict[int, list[str]] = {}  # stage -> its units whose outputs later stages read
+        self.selective = True  # False: exchange every output of a stage (tests compare the two)
 
     def stage_costs(self) -> list[float]:
         """Measured seconds per stage (rank 0's timings)."""
@@ -122,6 +128,7 @@ class AsyncState:
         ctx = self.context
         if ctx.call_index != self.call:
             self.call, self.index, self.fresh = ctx.call_index, 0, True
+        self.producer.clear()  # tensor ids are traced within one denoiser call
         self.sequential = self.index < self.warmup or batch != self.batch
         self.batch = batch
         if not self.sequential and self.owner is None:
@@ -141,12 +148,30 @@ class AsyncState:
                                    f"stages={self.stages}")  # fmt: skip
         self.costs = dict(zip(self.order, costs.tolist()))
         self.owner = dict(zip(self.order, balanced_cuts(costs.tolist(), self.stages)))
+        for stage in range(self.stages):
+            names = [n for n in self.order if self.owner[n] == stage]
+            wanted = {names[-1]}  # the boundary: it may reach the next stage through glue code (no tracing)
+            for consumer, producers in self.reads.items():  # a block's inputs go to every unit inside it
+                inside = [u for u in self.order if u == consumer or u.startswith(consumer + ".")]
+                if any(self.owner[u] > stage for u in inside):
+                    wanted |= {p for p in producers if self.owner[p] == stage}
+            self.send[stage] = [n for n in names if n in wanted]
+        self.producer.clear()
+
+    def trace(self, name: str, inputs, output=None) -> None:
+        """First call: which units' outputs each hooked module takes in (by tensor identity)."""
+        if self.owner is not None or not self.sequential:
+            return
+        found = {self.producer[id(t)] for t in _tensors(inputs) if id(t) in self.producer}
+        self.reads.setdefault(name, set()).update(found)
+        for t in _tensors(output):
+            self.producer[id(t)] = name
 
     def _exchange(self) -> None:
         """Every stage's latest outputs to every rank: one broadcast per stage (and dtype). The last stage's
         are left out: they feed nothing but its own prediction, which ``share_prediction`` sends."""
         for stage, src in enumerate(self.ranks[:-1]):
-            names = [n for n in self.order if self.owner[n] == stage]
+            names = self.send[stage] if self.selective else [n for n in self.order if self.owner[n] == stage]
             tensors = [t for n in names for t in _tensors(self.cache[n])]
             received: list[torch.Tensor] = []
             for dtype in sorted({t.dtype for t in tensors}, key=str):
@@ -197,6 +222,7 @@ class StageUnitHook(ModelHook):
                 output = forward(*args, **kwargs)
                 _wait(output)
                 seconds = time.perf_counter() - start
+                st.trace(self.name, (args, kwargs), output)
                 if self.name not in st.costs:
                     st.order.append(self.name)
                 st.costs[self.name] = min(seconds, st.costs.get(self.name, seconds))
@@ -208,6 +234,18 @@ class StageUnitHook(ModelHook):
             return st.cache[self.name]
         st.cache[self.name] = output
         return output
+
+
+class BlockReadHook(ModelHook):
+    """On a block holding layers (a UNet's down/mid/up block): traces which layer outputs it takes in (skips)."""
+
+    def __init__(self, state: AsyncState, name: str):
+        super().__init__()
+        self.state, self.name = state, name
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.state.trace(self.name, (args, kwargs))
+        return args, kwargs
 
 
 class AsyncDenoiserHook(ModelHook):
@@ -227,6 +265,18 @@ class AsyncDenoiserHook(ModelHook):
         return st.share_prediction(output)
 
 
+def _blocks(denoiser) -> dict[str, torch.nn.Module]:
+    """The denoiser's blocks (models.py ``blocks``: each element of a block list, or the block itself)."""
+    found = {}
+    for attr in denoiser_facts(denoiser, "parallel(mode=async)").blocks:
+        value = getattr(denoiser, attr, None)
+        if isinstance(value, torch.nn.ModuleList):
+            found.update({f"{attr}.{i}": block for i, block in enumerate(value)})
+        elif value is not None:
+            found[attr] = value
+    return found
+
+
 def install_async(
     fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int
 ) -> HandleGroup:
@@ -240,6 +290,9 @@ def install_async(
     try:
         for name, module in units.items():
             handles.append(install_hook(module, StageUnitHook(state, name), HOOK_NAME, fp.context))
+        for name, module in _blocks(fp.denoiser).items():
+            if name not in units:
+                handles.append(install_hook(module, BlockReadHook(state, name), HOOK_NAME, fp.context))
         handles.append(install_hook(fp.denoiser, AsyncDenoiserHook(state), HOOK_NAME, fp.context))
     except BaseException:
         for handle in reversed(handles):
