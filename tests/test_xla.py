@@ -30,6 +30,10 @@ import pytest
 if importlib.util.find_spec("torch_xla") and "optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 pytest.importorskip("torch_xla", reason="torch-xla lives in .venv-xla (make test-xla)")
+import torch_xla.backends  # noqa: E402
+
+# A TPU multiplies fp32 through bf16 passes by default; the comparisons with CPU eager need full precision.
+torch_xla.backends.set_mat_mul_precision("highest")
 
 from fastdiff.core.registry import REGISTRY, AcceleratorError, available  # noqa: E402
 from fastdiff.core.spec import parse  # noqa: E402
