@@ -29,6 +29,7 @@ class PipelineFacts:
     default_batch: int = 1  # batch a benchmark uses unless told
     num_classes: int = 0  # labels a benchmark cycles through (class-conditional models)
     image_inputs: tuple[str, ...] = ()  # call arguments that take images (init image, mask, control image)
+    prompt_embeds: tuple[str, ...] = ()  # call arguments taking encode_prompt's outputs (stage pipelining)
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5)
@@ -56,6 +57,9 @@ PIPELINES: dict[str, PipelineFacts] = {
     "ClassConditionalPipeline": PipelineFacts("class_labels", ("uncond", "cond"), 1.0, 500, num_classes=10),
     "GMMPipeline": PipelineFacts("batch_size", default_batch=256),
 }  # fmt: skip
+PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
+    PIPELINES["StableDiffusionPipeline"], prompt_embeds=("prompt_embeds", "negative_prompt_embeds")
+)
 
 # Attribute names under which pipelines keep their denoiser, in lookup order.
 DENOISER_ATTRS = ("unet", "transformer")

@@ -25,15 +25,14 @@ import time
 
 import torch
 
-from fastdiff.core.models import cfg_enabled
+from fastdiff.core.models import PIPELINES, cfg_enabled
 from fastdiff.core.tensors import map_tensors
 
 STAGES = ("text", "denoise", "decode")
 # Which stages each worker process (rank) runs, per process count: the cheap ends share a process.
 LAYOUTS = {2: (("text", "decode"), ("denoise",)), 3: (("text",), ("denoise",), ("decode",))}
-# Per-pipeline facts: the names of encode_prompt's outputs as call arguments (pipelines not listed are refused).
-# TODO(models.py): move next to PIPELINES in fastdiff/core/models.py (others were editing it when this was written).
-PROMPT_EMBEDS = {"StableDiffusionPipeline": ("prompt_embeds", "negative_prompt_embeds")}
+# The names of encode_prompt's outputs as call arguments, from the per-pipeline facts (others are refused).
+PROMPT_EMBEDS = {name: facts.prompt_embeds for name, facts in PIPELINES.items() if facts.prompt_embeds}
 # Call arguments that only the text stage reads (encode_prompt's inputs).
 TEXT_ARGUMENTS = ("prompt", "negative_prompt", "clip_skip")
 POLL_S = 0.002  # idle wait between sweeps of a worker's input queues
