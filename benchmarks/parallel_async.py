@@ -57,22 +57,22 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) 
     return {"seconds": seconds, "images": output.images, "plan": plan}
 
 
-def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate) -> dict:
+def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0) -> dict:
     single = launch(timed, 1, str(model), SAMPLER, call, runs, timeout_s=600)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     for warmup in warmups:
-        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup})"
+        cool = f",cooldown={cooldown}" if cooldown else ""
+        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{cool})"
         two = launch(timed, 2, str(model), specs, call, runs, timeout_s=600)
-        out[f"async warmup={warmup}"] = {
+        key = f"async warmup={warmup}" + (f" cooldown={cooldown}" if cooldown else "")
+        out[key] = {
             "specs": specs,
             "seconds": two["seconds"],
             "speedup": statistics.median(single["seconds"]) / statistics.median(two["seconds"]),
             **evaluate(two["images"], single["images"]),
             **two["plan"],
         }
-        print(
-            json.dumps({k: v for k, v in out[f"async warmup={warmup}"].items() if k != "specs"}), flush=True
-        )
+        print(json.dumps({k: v for k, v in out[key].items() if k != "specs"}), flush=True)
     return out
 
 
@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="start a new JSON instead of adding to it")
     parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
     parser.add_argument("--models", default="tiny-sd,digits")
+    parser.add_argument("--cooldown", type=int, default=0, help="last steps run whole on every rank")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
     from diffusers import DiffusionPipeline
@@ -108,7 +109,7 @@ def main() -> None:
         out[name] = {**out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
                      "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
                      "images": len(call.get("prompt", call.get("class_labels", []))),
-                     **measure(model, call, args.runs, warmups, evaluate)}  # fmt: skip
+                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2))
 

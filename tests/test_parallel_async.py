@@ -58,13 +58,15 @@ def two_stages(models):
     runs = {"tiny-sd": (str(models["tiny-sd"]), SD_CALL), "tiny-sdxl": (str(models["tiny-sdxl"]), SD_CALL),
             "digits": (str(models["digits"]), dict(labels, guidance_scale=2.0)),
             "tiny-dit": (str(models["tiny-dit"]), dict(labels, guidance_scale=4.0))}  # fmt: skip
-    return launch(_two_stage_checks, 2, runs, [WARM_ONLY, PIPELINED, STRIDED], timeout_s=60)
+    return launch(_two_stage_checks, 2, runs, [WARM_ONLY, PIPELINED, STRIDED, COOLED], timeout_s=60)
 
 
 WARM_ONLY = f"{SAMPLER};parallel(mode=async,devices=2,warmup={STEPS})"
 PIPELINED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2)"
 # activations exchanged every 2nd step
 STRIDED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2,stride=2)"
+# the last 2 steps whole again
+COOLED = f"{SAMPLER};parallel(mode=async,devices=2,warmup=2,cooldown=2)"
 
 
 @pytest.mark.slow
@@ -80,6 +82,9 @@ def test_two_stages_on_sd_sdxl_class_conditional_unet_and_dit(two_stages):
         # older activations on every other step: another image, still close
         strided = result[STRIDED]["images"]
         assert 10 < psnr(strided, plain) < 200 and not np.array_equal(strided, staged), name
+        # 2 staged steps of 6, then whole again: another image, closer to the single-device one
+        cooled = result[COOLED]["images"]
+        assert not np.array_equal(cooled, staged) and psnr(cooled, plain) > psnr(staged, plain) - 1, name
 
 
 def _apply_remove_and_plan(rank, world, model, call):
@@ -176,6 +181,8 @@ def test_a_killed_stage_worker_ends_the_call_with_an_error_and_leaves_no_process
         ("parallel(mode=async,devices=2,warmup=0)", "warmup must be a positive integer, got 0"),
         ("parallel(mode=async,devices=2,stride=0)", "stride must be a positive integer, got 0"),
         ("parallel(mode=cfg,devices=2,warmup=3)", "warmup apply to mode=async"),
+        ("parallel(mode=async,devices=2,cooldown=-1)", "cooldown must be an integer >= 0, got -1"),
+        ("parallel(mode=cfg,devices=2,cooldown=2)", "cooldown apply to mode=async"),
     ],
 )
 def test_bad_options_name_the_value(spec, message):

@@ -100,9 +100,10 @@ def _wait(value) -> None:
 class AsyncState:
     """What the hooks share: the stage plan, the latest output of every unit, and where this call stands."""
 
-    def __init__(self, context, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int):
+    def __init__(self, context, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int,
+                 cooldown: int = 0):  # fmt: skip
         self.context, self.stages, self.stage, self.ranks, self.group = context, stages, stage, ranks, group
-        self.warmup, self.stride = warmup, stride
+        self.warmup, self.stride, self.cooldown = warmup, stride, cooldown
         self.order: list[str] = []  # units in the order they ran at the first call
         self.costs: dict[str, float] = {}  # fastest time of each unit over the first call's warm-up
         self.owner: dict[str, int] | None = None  # stage of each unit, fixed once the first warm-up ends
@@ -129,7 +130,8 @@ class AsyncState:
         if ctx.call_index != self.call:
             self.call, self.index, self.fresh = ctx.call_index, 0, True
         self.producer.clear()  # tensor ids are traced within one denoiser call
-        self.sequential = self.index < self.warmup or batch != self.batch
+        cooling = self.cooldown and ctx.num_steps and ctx.step >= ctx.num_steps - self.cooldown
+        self.sequential = self.index < self.warmup or batch != self.batch or bool(cooling)
         self.batch = batch
         if not self.sequential and self.owner is None:
             self._plan()
@@ -278,14 +280,14 @@ def _blocks(denoiser) -> dict[str, torch.nn.Module]:
 
 
 def install_async(
-    fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int
+    fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int, cooldown: int = 0
 ) -> HandleGroup:
     """Hook the layers and the denoiser of ``fp`` for stage ``stage`` of ``stages`` (``ranks``: global ranks)."""
     units = stage_units(fp.denoiser)
     if len(units) < stages:
         raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
                                f"split, fewer than stages={stages}")  # fmt: skip
-    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride)
+    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride, cooldown)
     handles = []
     try:
         for name, module in units.items():

@@ -85,7 +85,8 @@ class Parallel(Accelerator):
 
     ``mode=cfg``: one guidance branch per rank. ``mode=async``: the denoiser in ``stages`` (default: devices)
     stages, one per rank, AsyncDiff-style (fastdiff/parallel/async_.py), after ``warmup`` whole calls, with
-    activations exchanged every ``stride`` calls. ``mode=cfg+async``: both, devices = branches x stages.
+    activations exchanged every ``stride`` calls; the last ``cooldown`` steps run whole again (their small
+    updates are where stale activations show most). ``mode=cfg+async``: both, devices = branches x stages.
     """
 
     mode: str = "cfg"
@@ -93,6 +94,7 @@ class Parallel(Accelerator):
     stages: int | None = None
     warmup: int = DEFAULT_WARMUP
     stride: int = 1
+    cooldown: int = 0
 
     spec_name = "parallel"
     kind = "parallel"
@@ -110,13 +112,16 @@ class Parallel(Accelerator):
     def validate(self) -> None:
         if self.mode not in MODES:
             raise AcceleratorError(f"parallel: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if isinstance(self.cooldown, bool) or not isinstance(self.cooldown, int) or self.cooldown < 0:
+            raise AcceleratorError(f"parallel: cooldown must be an integer >= 0, got {self.cooldown!r}")
         for name in ("devices", "warmup", "stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AcceleratorError(f"parallel: {name} must be a positive integer, got {value!r}")
         if self.mode == "cfg":
-            given = [n for n, v in (("stages", self.stages), ("warmup", self.warmup), ("stride", self.stride))
-                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1}[n]]  # fmt: skip
+            given = [n for n, v in (("stages", self.stages), ("warmup", self.warmup), ("stride", self.stride),
+                                    ("cooldown", self.cooldown))
+                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1, "cooldown": 0}[n]]  # fmt: skip
             if given:
                 raise AcceleratorError(
                     f"parallel: {', '.join(given)} apply to mode=async and mode=cfg+async only"
@@ -175,7 +180,8 @@ class Parallel(Accelerator):
                 from fastdiff.parallel.async_ import install_async
 
                 ranks, group = _groups(stages, branches, by="stage")[branch]
-                handles.append(install_async(fp, stages, stage, ranks, group, self.warmup, self.stride))
+                handles.append(install_async(fp, stages, stage, ranks, group, self.warmup, self.stride,
+                                             self.cooldown))  # fmt: skip
             if "cfg" in self.mode:  # outside the async hook: it hands each stage one branch's half batch
                 _, group = _groups(stages, branches, by="branch")[stage]
                 hook = BranchSplitHook(fp.context, branches, branch, group)
