@@ -6,7 +6,13 @@ import mode, no ``__init__.py`` here), as it does for conftest.py.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
+import psutil
+import pytest
 import torch
 from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
@@ -122,3 +128,28 @@ class SplitBranches(ModelHook):
         if isinstance(outputs[0], tuple):
             return (torch.cat([out[0] for out in outputs]),)
         return type(outputs[0])(sample=torch.cat([out.sample for out in outputs]))
+
+
+def kill_rank_one_at(rank: int, world: int, model: str, specs: str, call: dict, step: int) -> np.ndarray:
+    """Worker for ``launch``: an accelerated call in which rank 1 kills itself (SIGKILL) at denoising ``step``."""
+    fp = FastPipeline.from_pretrained(model, accelerators=specs)
+    fp.pipe.set_progress_bar_config(disable=True)
+
+    def die(pipe, i, timestep, kwargs):
+        if rank == 1 and i == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return kwargs
+
+    return fp(**call, output_type="np", callback_on_step_end=die).images
+
+
+def assert_dead_rank_ends_the_run(model, specs: str, call: dict, step: int) -> None:
+    """Two workers, rank 1 killed mid-call: ``ParallelError`` names it within 90 s and no worker is left."""
+    from fastdiff.parallel.launch import ParallelError, launch
+
+    start = time.monotonic()
+    with pytest.raises(ParallelError, match="rank 1") as failed:
+        launch(kill_rank_one_at, 2, str(model), specs, call, step, timeout_s=20)
+    assert time.monotonic() - start < 90 and len(failed.value.pids) == 2
+    alive = [p for p in failed.value.pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive

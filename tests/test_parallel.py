@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import numpy as np
-import psutil
 import pytest
 import torch
+from helpers import assert_dead_rank_ends_the_run
 
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.parallel.launch import ParallelError, launch
+from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
 
@@ -41,27 +37,10 @@ def test_two_ranks_give_the_single_process_images(tiny_sd):
                                    atol=1e-5, err_msg=specs)  # fmt: skip
 
 
-def _kill_rank_one(rank, world, model):
-    fp = FastPipeline.from_pretrained(model, accelerators="parallel(mode=cfg,devices=2)")
-    fp.pipe.set_progress_bar_config(disable=True)
-
-    def die(pipe, step, timestep, kwargs):
-        if rank == 1 and step == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return kwargs
-
-    return fp(**CALL, output_type="np", callback_on_step_end=die).images
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_killed_worker_ends_the_call_with_an_error_and_leaves_no_process(tiny_sd):
-    start = time.monotonic()
-    with pytest.raises(ParallelError, match="rank 1") as failed:
-        launch(_kill_rank_one, 2, str(tiny_sd), timeout_s=20)
-    assert time.monotonic() - start < 90 and len(failed.value.pids) == 2
-    alive = [p for p in failed.value.pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not alive
+    assert_dead_rank_ends_the_run(tiny_sd, "parallel(mode=cfg,devices=2)", CALL, step=1)
 
 
 def test_refusals_name_the_problem(tiny_sd, tmp_path):

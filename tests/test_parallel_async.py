@@ -3,18 +3,14 @@ a killed worker, refusals. Each multi-process test starts its own workers and is
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import numpy as np
-import psutil
 import pytest
+from helpers import assert_dead_rank_ends_the_run
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.parallel.async_ import balanced_cuts, stage_units
-from fastdiff.parallel.launch import ParallelError, launch
+from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
@@ -146,29 +142,12 @@ def test_cfg_times_async_on_four_processes(models):
     assert 20 < psnr(out[pipelined]["images"], plain) < 200
 
 
-def _kill_rank_one(rank, world, model):
-    fp = FastPipeline.from_pretrained(
-        model, accelerators=f"{SAMPLER};parallel(mode=async,devices=2,warmup=2)"
-    )
-    fp.pipe.set_progress_bar_config(disable=True)
-
-    def die(pipe, step, timestep, kwargs):
-        if rank == 1 and step == 3:  # inside the pipelined phase
-            os.kill(os.getpid(), signal.SIGKILL)
-        return kwargs
-
-    return fp(**SD_CALL, output_type="np", callback_on_step_end=die).images
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_stage_worker_ends_the_call_with_an_error_and_leaves_no_process(models):
-    start = time.monotonic()
-    with pytest.raises(ParallelError, match="rank 1") as failed:
-        launch(_kill_rank_one, 2, str(models["tiny-sd"]), timeout_s=20)
-    assert time.monotonic() - start < 90 and len(failed.value.pids) == 2
-    alive = [p for p in failed.value.pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not alive
+    assert_dead_rank_ends_the_run(
+        models["tiny-sd"], f"{SAMPLER};parallel(mode=async,devices=2,warmup=2)", SD_CALL, step=3
+    )
 
 
 @pytest.mark.parametrize(
