@@ -37,8 +37,11 @@ $(XLA_VENV)/.installed:
 	$(XLA_BIN)/python -c "import torch; assert torch.__version__.startswith('2.9.0'), torch.__version__"
 	touch $@
 
+# the tpu-infer driver test runs in a process of its own: after the ~30 others, torch_xla.sync() crashed in it
+# (docs/xla.md, known problem)
 test-xla: $(XLA_VENV)/.installed
-	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py
+	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "not tpu_infer_driver"
+	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "tpu_infer_driver"
 
 lint: venv
 	$(BIN)/ruff check fastdiff tests benchmarks

@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune")
+COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune", "tpu")
 
 
 def main(argv: list[str] | None = None) -> None:
