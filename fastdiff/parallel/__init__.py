@@ -6,4 +6,6 @@
 - ``fastdiff.parallel.launch.launch(fn, devices)``: start ``devices`` worker processes with a process group
   (what ``torchrun`` does), run ``fn(rank, ...)`` in each and return rank 0's result; a rank that dies or
   hangs ends the call with an error and no process is left behind.
+- ``fastdiff.parallel.stages.StagePipeline``: text encoder, denoiser and VAE decoder on 2-3 processes, so that
+  successive requests overlap (docs/stages.md).
 """
