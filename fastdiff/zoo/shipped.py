@@ -51,7 +51,37 @@ SHIPPED: dict[str, tuple[int, str]] = {
 DATA_DIR_SD = DATA_DIR.parent / "digits-sd"
 BUILD_COMMAND_SD = "fastdiff reference build DIR --kind sd --seed 0"
 # digits-sd shares the digits reference's evaluation files (classifier, split): installed from DATA_DIR
-SHIPPED_SD: dict[str, tuple[int, str]] = {}
+SHIPPED_SD: dict[str, tuple[int, str]] = {
+    "model_index.json": (557, "d34ebfa1831c9990a5ed7986d550296516da01394d6eb9a128d444557a84d513"),
+    "scheduler/scheduler_config.json": (
+        502,
+        "28d1a009dfa466938be057413130d37105fb555c44c7c403af4cbdb4c3194f5c",
+    ),
+    "unet/config.json": (1708, "a374aacdc88d46b6f4bc37c13d10693306b8e1f4640c29cc9a4921d8325289a3"),
+    "unet/diffusion_pytorch_model.safetensors": (
+        5992776,
+        "1864c5e3584682cd060e6764435f6e8d5dc482d14cca30f973aa758f3ab95110",
+    ),
+    "vae/config.json": (653, "693d4ca614f9302aa63fe2a033858e9461f8d7693b199585f6c4eeeb4cd01ad5"),
+    "vae/diffusion_pytorch_model.safetensors": (
+        2641916,
+        "4a8a524bf544cde739de5014d97590c1276558261faf17fbf84e2402df768ebb",
+    ),
+    "text_encoder/config.json": (539, "da97b632e1cafebbaf52c2d11b01e4c98a3578bfa879f0f67b1f3452836ede98"),
+    "text_encoder/model.safetensors": (
+        746776,
+        "b5e27eb65c21ffe83f344aaa68cc350823e166b9c15c6ce69f40dba29e5834d7",
+    ),
+    "tokenizer/tokenizer.json": (65850, "32c27a652ac7e76dba7184220e036810f7e1e75bd3e20446e6551adecade6883"),
+    "tokenizer/tokenizer_config.json": (
+        224,
+        "6b58667b77fc658d9a6a7056ad703210b2c4071cf79f4c90002998072bbdfb4a",
+    ),
+    "eval/prompts.json": (805, "9777ca37671e43fe5b3996d67e4e9379328ca7233f28e62bf31a175cabe9da1d"),
+    "eval/report.json": (764, "562ef399ff5722aec3f2cb31360e1ab996282596e9a894a039a588ccdd5e4ef6"),
+    "unet_loss.csv": (103630, "55c5ad42fbb2dd28bd05e48a0e6ee1a35d5715cbd827c69095a3c32c0775ea2e"),
+    "vae_loss.csv": (17571, "4bb9d6c348c2b7bd1cb413e3a77f469b4563dad07a39254a752b7512792d8bb0"),
+}
 
 
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
