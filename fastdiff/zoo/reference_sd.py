@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -164,11 +165,10 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
                     batch_size: int = 64, lr: float = 1e-3, snr_gamma: float = 5.0, ema_decay: float = 0.999):  # fmt: skip
     """Epsilon-prediction training on the VAE's latents (SD's noise schedule, Min-SNR weights, EMA, prompt
     dropout); returns the EMA text encoder and UNet and the training report."""
-    import copy
-
     torch.manual_seed(seed)
     text_encoder = CLIPTextModel(_text_config(tokenizer, hidden=64, layers=2, heads=4))
     model = TextToLatent(text_encoder, make_unet(cross_attention_dim=64))
+    # a module, not diffusers' EMAModel: the shared training loop checkpoints `extra` modules
     ema = copy.deepcopy(model)
     prompts, allowed = training_prompts(labels, strokes)
     ids = tokenizer(

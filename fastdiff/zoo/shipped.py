@@ -182,6 +182,9 @@ def verify_digits(directory: str | Path) -> Path:
     return verify(directory, "digits")
 
 
+SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
+
+
 def is_installed(directory: str | Path, model: str = "digits") -> bool:
     """Whether ``directory`` holds exactly the shipped files (a stale or damaged copy gives False).
 
@@ -198,9 +201,6 @@ def is_installed(directory: str | Path, model: str = "digits") -> bool:
     except ShippedModelError:
         return False
     return True
-
-
-SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
 
 
 def install(out_dir: str | Path, model: str = "digits", source: str | Path | None = None) -> Path:
