@@ -192,7 +192,7 @@ def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0
     """
     if model_prompts(pipe) is None:
         return {}
-    from fastdiff.zoo.reference_sd import digit_of
+    from fastdiff.zoo.digit_captions import digit_of
 
     prompts = call_kwargs.get("prompt")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -33,78 +32,17 @@ from transformers import CLIPTextModel
 
 from fastdiff.train.loop import train
 from fastdiff.zoo import register_model
+from fastdiff.zoo.digit_captions import EXTRA_WORDS, bench_prompts, stroke_words, training_prompts
 from fastdiff.zoo.tiny import _sd_scheduler, _text_config
 from fastdiff.zoo.tokenizer import COMMON_WORDS, make_clip_tokenizer
 
-DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-# {word}: the digit's name, {n}: its numeral, {stroke}: "thin"/"medium"/"thick" from the image's ink. Every image
-# may get every template, with the same probability: were some prompts allowed only for some images of a digit,
-# guidance would tilt the samples toward the images those prompts favour (at scale 5, by their ratio to the 5th).
-TEMPLATES = (
-    "a handwritten {word}", "the digit {n}", "the number {word}", "{word}", "{n}",
-    "a drawing of the number {n}", "a picture of a handwritten {word}", "digit {word}",
-)  # fmt: skip
-STROKE_TEMPLATES = (
-    "number {word}, {stroke} strokes",
-    "a {stroke} handwritten {n}",
-    "the digit {word} in {stroke} ink",
-)
-BENCH_TEMPLATES = ("a handwritten {word}", "the digit {n}", "the number {word}", "digit {word}")
-EXTRA_WORDS = "zero digit number numeral handwritten written hand thick thin medium strokes stroke ink"
-MAX_TOKENS = 16  # the longest prompt above is 9 tokens; short sequences keep cross-attention cheap
+MAX_TOKENS = 16  # the longest prompt is 9 tokens; short sequences keep cross-attention cheap
 LATENT_SIDE = 8
 SIZES = {
     "test": dict(vae_steps=60, unet_steps=60),
     "bench": dict(vae_steps=500, unet_steps=3000),
 }
 PROMPT_DROPOUT = 0.1  # the empty prompt is the unconditional branch of classifier-free guidance
-
-
-def digit_of(prompt: str) -> int:
-    """The digit a prompt names (a numeral or a word), for scoring; ValueError if it names none or several.
-
-    Example::
-
-        assert digit_of("number seven, thick strokes") == 7 and digit_of("the digit 3") == 3
-    """
-    words = re.findall(r"[a-z]+|\d", prompt.lower())
-    found = {
-        DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in words if w in DIGIT_WORDS or w.isdigit()
-    }
-    if len(found) != 1:
-        raise ValueError(
-            f"prompt {prompt!r} must name exactly one digit (0-9 or zero..nine), found {sorted(found)}"
-        )
-    return found.pop()
-
-
-def prompt_for(template: str, digit: int, stroke: str = "") -> str:
-    return template.format(word=DIGIT_WORDS[digit], n=digit, stroke=stroke)
-
-
-def bench_prompts() -> list[str]:
-    """The prompts ``fastdiff bench`` cycles through on digits-sd: each digit in turn, four phrasings that say
-    nothing of the strokes (so the samples are compared with all test images)."""
-    return [prompt_for(t, d) for t in BENCH_TEMPLATES for d in range(10)]
-
-
-def stroke_words(images: np.ndarray) -> list[str]:
-    """The image's third of all images by ink (summed intensity): "thin", "medium" or "thick"."""
-    ink = images.reshape(len(images), -1).sum(1)
-    low, high = np.quantile(ink, [1 / 3, 2 / 3])
-    return ["thick" if v >= high else "thin" if v <= low else "medium" for v in ink]
-
-
-def training_prompts(labels: np.ndarray, strokes: list[str]) -> tuple[list[str], np.ndarray]:
-    """Every prompt an image may get, and for each image the ids of its prompts (as many for every image)."""
-    table: dict[str, int] = {"": 0}
-    allowed = []
-    for digit, stroke in zip(labels.tolist(), strokes):
-        names = [prompt_for(t, digit) for t in TEMPLATES] + [
-            prompt_for(t, digit, stroke) for t in STROKE_TEMPLATES
-        ]
-        allowed.append([table.setdefault(n, len(table)) for n in names])
-    return list(table), np.array(allowed)
 
 
 def make_vae() -> AutoencoderKL:
