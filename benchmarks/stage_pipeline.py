@@ -10,7 +10,8 @@ Model: tiny-sd at bench size. For each setting (sampler steps, guidance scale, i
   in this process (1 thread), median over ``--split-requests`` requests after one warm-up request, and the
   Amdahl bound on the pipelined speedup: total / slowest process's share (denoiser alone, or text + VAE);
 - ``sequential``: the ``--requests`` requests through ``FastPipeline`` one after another, 1 process x 1 thread;
-- ``pipelined``: the same requests through ``StagePipeline`` on 2 (and 3) processes x 1 thread each.
+- ``pipelined``: the same requests through ``StagePipeline`` on 2 (and 3) processes x 1 thread each;
+  ``--layouts 3:2`` also runs 3 processes with 2 denoiser replicas (text + VAE on the third, nearly idle one).
 
 Both get one untimed warm-up request; worker start-up is not timed (it is reported). Requests differ in
 prompt and seed. The images of the two runs are compared (max absolute difference, pixels in [0, 1]).
@@ -77,10 +78,10 @@ def sequential(fp, count: int, guidance: float, size: int) -> tuple[float, list]
 
 
 def pipelined(
-    model, specs: str, devices: int, count: int, guidance: float, size: int
+    model, specs: str, devices: int, count: int, guidance: float, size: int, denoisers: int = 1
 ) -> tuple[float, float, list]:
     start = time.perf_counter()
-    with StagePipeline(model, accelerators=specs, devices=devices, queue_size=2) as sp:
+    with StagePipeline(model, accelerators=specs, devices=devices, queue_size=2, denoisers=denoisers) as sp:
         startup = time.perf_counter() - start
         sp.map(requests(1, guidance, size, offset=10_000))  # warm-up
         batch = requests(count, guidance, size)
@@ -94,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS)[:3], choices=list(SETTINGS))
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--devices", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--layouts", nargs="+", default=["2", "3"],
+                        help="DEVICES or DEVICES:DENOISERS (3:2: two denoiser replicas)")  # fmt: skip
     parser.add_argument("--split-requests", type=int, default=3)
     parser.add_argument("--split-only", action="store_true", help="measure the time split only")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
@@ -117,14 +119,19 @@ def main() -> None:
             seconds, reference = sequential(fp, args.requests, guidance, size)
             result["requests"] = args.requests
             result["sequential"] = {"seconds": seconds, "images_per_s": args.requests / seconds}
-            for devices in args.devices:
-                par_seconds, startup, images = pipelined(model, specs, devices, args.requests, guidance, size)
+            for name_of_layout in args.layouts:
+                devices, _, denoisers = name_of_layout.partition(":")
+                devices, denoisers = int(devices), int(denoisers or 1)
+                par_seconds, startup, images = pipelined(
+                    model, specs, devices, args.requests, guidance, size, denoisers
+                )
                 diff = max(float(np.abs(a - b).max()) for a, b in zip(images, reference))
-                result[f"pipelined_{devices}"] = {
+                key = f"pipelined_{devices}" + (f"_{denoisers}_denoisers" if denoisers > 1 else "")
+                result[key] = {
                     "seconds": par_seconds, "startup_seconds": startup, "images_per_s": args.requests / par_seconds,
                     "speedup": seconds / par_seconds, "max_abs_difference": diff,
                 }  # fmt: skip
-                print(name, devices, json.dumps(result[f"pipelined_{devices}"]), flush=True)
+                print(name, key, json.dumps(result[key]), flush=True)
         result["load_average_after"] = os.getloadavg()  # other jobs on the machine would show here
         out["settings"][name] = {**out["settings"].get(name, {}), **result}
         args.out.parent.mkdir(exist_ok=True)

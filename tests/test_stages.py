@@ -75,13 +75,28 @@ def test_two_processes_give_the_sequential_images_and_can_be_reused(tiny_sd, seq
 
 
 @pytest.mark.timeout(120)
+def test_replicated_denoisers_give_the_sequential_images_in_order(tiny_sd, sequential):
+    with StagePipeline(tiny_sd, accelerators=SPECS, devices=3, denoisers=2, queue_size=1) as sp:
+        got = sp.map(requests() * 2)
+        stream = sp.stream(requests())
+        early = next(stream)  # leaving early drops the rest, whichever replica holds it
+        stream.close()
+        again = sp.map(requests()[1:])
+        layout, pids = sp.layout, list(sp.pids)
+    assert layout == (("text", "decode"), ("denoise",), ("denoise",)) and len(pids) == 3
+    for image, expected in zip(got + [early] + again, sequential * 2 + sequential[:1] + sequential[1:]):
+        np.testing.assert_array_equal(image, expected)
+    assert len(got) == 2 * len(sequential) and _gone(pids)
+
+
+@pytest.mark.timeout(120)
 def test_a_killed_worker_ends_the_stream_with_an_error_and_leaves_no_process(tiny_sd, sequential):
     start = time.monotonic()
     with pytest.raises(StageError, match=r"rank 1: denoise.*SIGKILL") as failed:
         with StagePipeline(tiny_sd, accelerators=SPECS, devices=3) as sp:
             stream = sp.stream(requests() * 4)
             np.testing.assert_array_equal(next(stream), sequential[0])  # three processes, same images
-            os.kill(sp.pids[1], signal.SIGKILL)  # the denoiser's worker (LAYOUTS[3][1])
+            os.kill(sp.pids[1], signal.SIGKILL)  # the denoiser's worker (layout(3)[1])
             for _ in stream:
                 pass
     assert time.monotonic() - start < 100 and len(failed.value.pids) == 3
@@ -92,8 +107,10 @@ def test_a_killed_worker_ends_the_stream_with_an_error_and_leaves_no_process(tin
 
 def test_bad_options_and_requests_are_refused_before_any_process_starts(tiny_sd, tmp_path):
     for options, message in [
-        ({"devices": 1}, "devices must be 2 or 3, got 1"),
-        ({"devices": 4}, "devices must be 2 or 3, got 4"),
+        ({"devices": 1}, "devices=1 with denoisers=1 is not a layout: with one denoiser devices is 2 or 3"),
+        ({"devices": 4}, "devices=4 with denoisers=1 is not a layout"),
+        ({"devices": 2, "denoisers": 2}, "with N > 1 denoisers devices is N \\+ 1"),
+        ({"denoisers": 0}, "denoisers must be a positive integer, got 0"),
         ({"queue_size": 0}, "queue_size must be a positive integer, got 0"),
         ({"threads": 1.5}, "threads must be a positive integer, got 1.5"),
         ({"device": "tpu"}, "device must be 'cpu' or 'cuda'"),

@@ -29,13 +29,26 @@ from fastdiff.core.models import PIPELINES, cfg_enabled
 from fastdiff.core.tensors import map_tensors
 
 STAGES = ("text", "denoise", "decode")
-# Which stages each worker process (rank) runs, per process count: the cheap ends share a process.
+# Which stages each worker process (rank) runs, per process count, with one denoiser: the cheap ends share one.
 LAYOUTS = {2: (("text", "decode"), ("denoise",)), 3: (("text",), ("denoise",), ("decode",))}
 # The names of encode_prompt's outputs as call arguments, from the per-pipeline facts (others are refused).
 PROMPT_EMBEDS = {name: facts.prompt_embeds for name, facts in PIPELINES.items() if facts.prompt_embeds}
 # Call arguments that only the text stage reads (encode_prompt's inputs).
 TEXT_ARGUMENTS = ("prompt", "negative_prompt", "clip_skip")
 POLL_S = 0.002  # idle wait between sweeps of a worker's input queues
+
+
+def layout(devices: int, denoisers: int = 1) -> tuple[tuple[str, ...], ...]:
+    """The stages of each rank. ``denoisers`` > 1 replicates the denoiser, the slowest stage, on ranks
+    1..denoisers (requests alternate between them) while rank 0 runs the text encoder and the VAE decoder."""
+    if denoisers == 1 and devices in LAYOUTS:
+        return LAYOUTS[devices]
+    if denoisers > 1 and devices == denoisers + 1:
+        return (("text", "decode"),) + (("denoise",),) * denoisers
+    raise ValueError(
+        f"devices={devices} with denoisers={denoisers} is not a layout: with one denoiser devices is 2 or 3; "
+        f"with N > 1 denoisers devices is N + 1 (text encoder and VAE decoder share rank 0)"
+    )
 
 
 def stage_of(config) -> str:
@@ -99,19 +112,24 @@ def stage_device(rank: int, world: int, device: str) -> torch.device:
     return torch.device(device)
 
 
-def serve(
-    rank: int, world: int, model: str, specs: str, device: str, queues, events, finished, wait_s: float
-):
+def serve(rank: int, world: int, model: str, specs: str, device: str, stages, queues, events, finished,
+          wait_s: float):  # fmt: skip
     """Worker ``rank``: load the pipeline, apply its stages' accelerators, then move requests along its stages.
 
-    ``queues[i]`` feeds stage ``i`` (``queues[3]`` goes back to the caller); ``None`` ends the stream and is
-    passed on. A stage only takes an item when its output queue has room, so a worker running two stages never
-    blocks on one while the other could go on (each queue has one producer, so the room cannot disappear).
+    ``stages``: every rank's stages (``layout``). ``queues[i]`` feeds stage ``i`` (``queues[3]`` goes back to the
+    caller); ``None`` ends the stream: a stage ends once every producer of its input has sent one, and then
+    sends one to each consumer of its output. A stage only takes an item when its output queue has room, so a
+    worker running two stages never blocks on one while the other could go on (only single-stage ranks share
+    a queue with another producer, so the room of a multi-stage rank's output cannot disappear).
     """
     from fastdiff import FastPipeline
     from fastdiff.core.spec import parse
 
-    mine = LAYOUTS[world][rank]
+    mine = stages[rank]
+    runners = {s: sum(s in ranks for ranks in stages) for s in STAGES}
+    producers = [1] + [runners[s] for s in STAGES]  # of each queue
+    consumers = [runners[s] for s in STAGES] + [1]
+    ends_seen = dict.fromkeys(range(len(STAGES)), 0)
     fp = FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
     here = stage_device(rank, world, device)
@@ -133,8 +151,11 @@ def serve(
                 continue
             worked = True
             if message is None:
-                open_stages.remove(i)
-                queues[i + 1].put(None)
+                ends_seen[i] += 1
+                if ends_seen[i] == producers[i]:
+                    open_stages.remove(i)
+                    for _ in range(consumers[i + 1]):
+                        queues[i + 1].put(None)
                 continue
             index, item = message
             result = STAGE_FUNCTIONS[STAGES[i]](fp, map_tensors(item, _to(here)))
