@@ -8,7 +8,9 @@ Models: tiny-sd (bench size, guidance 7.5, 2 prompts; PSNR vs the single-process
 reference (guidance 2, 500 images: accuracy and FD by fastdiff's own evaluator, as ``fastdiff bench``, plus
 PSNR). Each setting runs in freshly launched worker processes: one untimed warm-up call (it also times the
 layers and fixes the stage split), then ``--runs`` timed calls; the speedup is the ratio of median wall times.
-``--warmups`` lists the async warm-up lengths to try (the first is the headline).
+``--warmups`` lists the async warm-up lengths to try (the first is the headline). ``--seeds N`` scores the
+digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
+and each batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLER = "scheduler(name=dpm++2m,steps=20)"
 
 
-def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) -> dict:
-    """On every rank: a warm-up call and ``runs`` timed calls; rank 0's figures and, for async, the stage plan."""
+def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, seeds: int = 1) -> dict:
+    """On every rank: a warm-up call and ``runs`` timed calls (seed 0), then one call for each further seed;
+    rank 0's figures, the images of every seed in order and, for async, the stage plan."""
+    import numpy as np
+
     from fastdiff import FastPipeline
 
     fp = FastPipeline.from_pretrained(model)
@@ -42,6 +47,10 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) 
     seconds, output, _, _ = time_runs(
         lambda: fp(**call, output_type="np", generator=torch.Generator().manual_seed(0)), runs
     )
+    images = [output.images] + [
+        fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).images
+        for seed in range(1, seeds)
+    ]
     states = [h.state for h in getattr(handle, "handles", [handle]) if "state" in h.info]
     plan = {}
     if states:
@@ -54,16 +63,17 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int) 
         plan["stage0_outputs_mb"] = megabytes([n for n in st.order if st.owner[n] == 0])
         plan.update(stage_seconds=st.stage_costs(), boundary=[n for n in st.order if st.owner[n] == 1][0],
                     layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)])  # fmt: skip
-    return {"seconds": seconds, "images": output.images, "plan": plan}
+    return {"seconds": seconds, "images": np.concatenate(images), "plan": plan}
 
 
-def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0) -> dict:
-    single = launch(timed, 1, str(model), SAMPLER, call, runs, timeout_s=600)
+def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
+            seeds: int = 1) -> dict:  # fmt: skip
+    single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     for warmup in warmups:
         cool = f",cooldown={cooldown}" if cooldown else ""
         specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{cool})"
-        two = launch(timed, 2, str(model), specs, call, runs, timeout_s=600)
+        two = launch(timed, 2, str(model), specs, call, runs, seeds, timeout_s=1200)
         key = f"async warmup={warmup}" + (f" cooldown={cooldown}" if cooldown else "")
         out[key] = {
             "specs": specs,
@@ -83,12 +93,16 @@ def main() -> None:
     parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
     parser.add_argument("--models", default="tiny-sd,digits")
     parser.add_argument("--cooldown", type=int, default=0, help="last steps run whole on every rank")
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
     from diffusers import DiffusionPipeline
 
     warmups = [int(w) for w in args.warmups.split(",")]
-    path = RESULTS / "parallel_async.json"
+    path = args.out
     out = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
     for name in args.models.split(","):
         if name == "tiny-sd":
@@ -99,17 +113,25 @@ def main() -> None:
         call = make_inputs(pipe, 500 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
         quality = quality_for(pipe)
 
-        def evaluate(images, reference, pipe=pipe, call=call, quality=quality):
+        seeds = args.seeds if name == "digits" else 1
+        pooled = {k: v * seeds if k in ("prompt", "class_labels") else v for k, v in call.items()}
+
+        def evaluate(images, reference, pipe=pipe, call=pooled, quality=quality, seeds=seeds):
             row = {} if reference is None else {"psnr_vs_single": psnr(images, reference)}
             if quality is not None:  # the digits reference: accuracy and FD, as fastdiff bench reports them
                 row.update(quality(pipe, call, images, 0))
+                if seeds > 1:
+                    size = len(images) // seeds
+                    row["fd_per_seed"] = [quality(pipe, {k: v[:size] if isinstance(v, list) else v for k, v in
+                                                         call.items()}, images[i * size : (i + 1) * size], 0)["fd"]
+                                          for i in range(seeds)]  # fmt: skip
             return row
 
         print(name, flush=True)
         out[name] = {**out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
                      "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
-                     "images": len(call.get("prompt", call.get("class_labels", []))),
-                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown)}  # fmt: skip
+                     "images": len(pooled.get("prompt", pooled.get("class_labels", []))), "seeds": seeds,
+                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2))
 
