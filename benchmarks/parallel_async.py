@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fastdiff.eval import quality_for
@@ -37,8 +38,6 @@ SAMPLER = "scheduler(name=dpm++2m,steps=20)"
 def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, seeds: int = 1) -> dict:
     """On every rank: a warm-up call and ``runs`` timed calls (seed 0), then one call for each further seed;
     rank 0's figures, the images of every seed in order and, for async, the stage plan."""
-    import numpy as np
-
     from fastdiff import FastPipeline
 
     fp = FastPipeline.from_pretrained(model)
@@ -116,15 +115,13 @@ def main() -> None:
         seeds = args.seeds if name == "digits" else 1
         pooled = {k: v * seeds if k in ("prompt", "class_labels") else v for k, v in call.items()}
 
-        def evaluate(images, reference, pipe=pipe, call=pooled, quality=quality, seeds=seeds):
+        def evaluate(images, reference, pipe=pipe, call=call, pooled=pooled, quality=quality, seeds=seeds):
             row = {} if reference is None else {"psnr_vs_single": psnr(images, reference)}
             if quality is not None:  # the digits reference: accuracy and FD, as fastdiff bench reports them
-                row.update(quality(pipe, call, images, 0))
-                if seeds > 1:
-                    size = len(images) // seeds
-                    row["fd_per_seed"] = [quality(pipe, {k: v[:size] if isinstance(v, list) else v for k, v in
-                                                         call.items()}, images[i * size : (i + 1) * size], 0)["fd"]
-                                          for i in range(seeds)]  # fmt: skip
+                row.update(quality(pipe, pooled, images, 0))
+                if seeds > 1:  # every batch has the call's own labels
+                    batches = np.split(images, seeds)
+                    row["fd_per_seed"] = [quality(pipe, call, batch, 0)["fd"] for batch in batches]
             return row
 
         print(name, flush=True)
