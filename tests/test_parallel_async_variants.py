@@ -48,6 +48,17 @@ def runs(tmp_path_factory):
     return out
 
 
+def hook_state(model) -> dict[str, tuple]:
+    """Per module with any: its diffusers hook names and whether it has an instance ``forward``."""
+    state = {}
+    for name, module in model.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        hooks = tuple(registry._hook_order) if registry is not None else ()
+        if hooks or "forward" in vars(module):
+            state[name] = (hooks, "forward" in vars(module))
+    return state
+
+
 def _variants_and_habits(rank, world, runs: dict):
     variants = {
         name: generate(rank, world, path, [SAMPLER, f"{SAMPLER};{WARM_ONLY}", f"{SAMPLER};{PIPELINED}"], call)
@@ -63,12 +74,14 @@ def _variants_and_habits(rank, world, runs: dict):
         return target(**kwargs, generator=torch.Generator().manual_seed(0)).images
 
     habits = {"plain": run(), "plain_4": run(4), "direct_plain": run(target=fp.pipe)}
+    habits["hooks_before"] = hook_state(fp.pipe.unet)
     handle = fp.accelerate(PIPELINED)
     habits.update(staged=run(), staged_4=run(4), staged_again=run(), direct=run(target=fp.pipe))
     torch.manual_seed(0)  # the same LoRA on every rank, as when each loads the same file
     fp.pipe.unet.add_adapter(LoraConfig(**LORA), adapter_name="a")  # a LoRA loaded while async is on
     habits["lora_staged"] = run()
     handle.remove()
+    habits["hooks_after"] = hook_state(fp.pipe.unet)
     habits["lora_plain"] = run()
     return variants, habits
 
@@ -101,3 +114,4 @@ def test_steps_change_direct_call_and_lora_while_staged(results):
     # the LoRA takes effect under the stages: close to the plain LoRA images, far from the images without it
     assert psnr(h["lora_plain"], h["plain"]) < 30, psnr(h["lora_plain"], h["plain"])
     assert psnr(h["lora_staged"], h["lora_plain"]) > psnr(h["lora_staged"], h["plain"]) + 3
+    assert h["hooks_after"] == h["hooks_before"]  # remove() leaves every module's hooks as it found them
