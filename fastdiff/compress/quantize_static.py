@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import platform
+from pathlib import Path
 
 import torch
 from diffusers.hooks import ModelHook
@@ -68,6 +69,15 @@ def batch_range(batch: int) -> tuple[int, int]:
 @functools.cache
 def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)  # cached: read at every block call of the denoising loop
+
+
+def has_vnni() -> bool:
+    """Whether this x86 CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: assume a CPU recent enough
+        return True
+    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 def _positional(module: torch.nn.Module, args, kwargs) -> tuple:
@@ -144,7 +154,8 @@ class _Unit:
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
 
         quantizer = xiq.X86InductorQuantizer()
-        quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+        # without VNNI, x86 int8 dot products saturate at 16 bits: the quantizer's reduce_range avoids it
+        quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(reduce_range=not has_vnni()))
         return prepare_pt2e(_export(self.module, named, *key), quantizer)
 
     def calibrate(self) -> None:
