@@ -8,7 +8,8 @@ Models: tiny-sd (bench size, guidance 7.5, 2 prompts; PSNR vs the single-process
 reference (guidance 2, 500 images: accuracy and FD by fastdiff's own evaluator, as ``fastdiff bench``, plus
 PSNR). Each setting runs in freshly launched worker processes: one untimed warm-up call (it also times the
 layers and fixes the stage split), then ``--runs`` timed calls; the speedup is the ratio of median wall times.
-``--warmups`` lists the async warm-up lengths to try (the first is the headline). ``--seeds N`` scores the
+``--warmups`` lists the async warm-up lengths to try (the first is the headline); ``--extrapolate both`` runs
+each with and without ``extrapolate=1``. ``--seeds N`` scores the
 digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
 and each batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
 """
@@ -66,14 +67,18 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, 
 
 
 def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
-            seeds: int = 1) -> dict:  # fmt: skip
+            seeds: int = 1, extrapolate: tuple[int, ...] = (0,)) -> dict:  # fmt: skip
     single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
-    for warmup in warmups:
-        cool = f",cooldown={cooldown}" if cooldown else ""
-        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{cool})"
+    for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
+        more = (f",cooldown={cooldown}" if cooldown else "") + (",extrapolate=1" if linear else "")
+        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
         two = launch(timed, 2, str(model), specs, call, runs, seeds, timeout_s=1200)
-        key = f"async warmup={warmup}" + (f" cooldown={cooldown}" if cooldown else "")
+        key = (
+            f"async warmup={warmup}"
+            + (f" cooldown={cooldown}" if cooldown else "")
+            + (" extrapolate=1" if linear else "")
+        )
         out[key] = {
             "specs": specs,
             "seconds": two["seconds"],
@@ -92,6 +97,8 @@ def main() -> None:
     parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
     parser.add_argument("--models", default="tiny-sd,digits")
     parser.add_argument("--cooldown", type=int, default=0, help="last steps run whole on every rank")
+    parser.add_argument("--extrapolate", default="off", choices=["off", "on", "both"],
+                        help="async option extrapolate=1 (stale activations carried on to the current timestep)")  # fmt: skip
     parser.add_argument(
         "--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled"
     )
@@ -128,7 +135,8 @@ def main() -> None:
         out[name] = {**out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
                      "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
                      "images": len(pooled.get("prompt", pooled.get("class_labels", []))), "seeds": seeds,
-                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds)}  # fmt: skip
+                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds,
+                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate])}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2))
 

@@ -7,11 +7,14 @@ first of them also records the order the layers run in and times each one. Then 
 cuts alike), stage k on rank k. From then on, at every denoiser call each rank computes only its own stage;
 every other layer returns the output its owner produced at the previous call, exchanged at the start of the
 call (one broadcast per stage but the last), so stage k consumes stage k-1's output from the previous step and
-all stages compute at once. UNet skip features come along the same way (they are layer outputs). The last
+all stages compute at once. At the second call the layers are cut once more, on their timings from the first
+call's staged steps (each timed by its owner while all stages ran), and that cut is kept. UNet skip features come along the same way (they are layer outputs). The last
 stage's prediction is broadcast to every rank, so the sampler state stays identical everywhere.
 
 ``stride=s`` exchanges the activations only every s-th call (stages keep consuming the same, older ones in
 between); AsyncDiff's own stride, which computes two steps per round on an extra device, is not built.
+``extrapolate=1`` hands a stage its inputs extrapolated to the current timestep from the last two it received
+(linear in the timestep, as the ``forecast`` accelerator does for whole predictions) instead of the stale ones.
 
 A call whose denoiser batch differs from the previous call's (guidance switched off by a callback) runs whole
 on every rank, like a warm-up call. Collectives fail after the process group's timeout when a peer dies or
@@ -30,6 +33,7 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import time
 
 import torch
@@ -97,13 +101,24 @@ def _wait(value) -> None:
             return
 
 
+def _timed(forward, args, kwargs, fastest: dict[str, float], name: str):
+    """Run ``forward``, keeping its fastest time so far in ``fastest[name]``."""
+    _wait((args, kwargs))
+    start = time.perf_counter()
+    output = forward(*args, **kwargs)
+    _wait(output)
+    seconds = time.perf_counter() - start
+    fastest[name] = min(seconds, fastest.get(name, seconds))
+    return output
+
+
 class AsyncState:
     """What the hooks share: the stage plan, the latest output of every unit, and where this call stands."""
 
     def __init__(self, context, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int,
-                 cooldown: int = 0):  # fmt: skip
+                 cooldown: int = 0, extrapolate: int = 0):  # fmt: skip
         self.context, self.stages, self.stage, self.ranks, self.group = context, stages, stage, ranks, group
-        self.warmup, self.stride, self.cooldown = warmup, stride, cooldown
+        self.warmup, self.stride, self.cooldown, self.extrapolate = warmup, stride, cooldown, extrapolate
         self.order: list[str] = []  # units in the order they ran at the first call
         self.costs: dict[str, float] = {}  # fastest time of each unit over the first call's warm-up
         self.owner: dict[str, int] | None = None  # stage of each unit, fixed once the first warm-up ends
@@ -117,9 +132,15 @@ class AsyncState:
         self.reads: dict[str, set[str]] = {}  # hooked module -> units whose outputs it took as inputs
         self.send: dict[int, list[str]] = {}  # stage -> its units whose outputs later stages read
         self.selective = True  # False: exchange every output of a stage (tests compare the two)
+        self.known: dict[str, list] = {}  # extrapolate: unit -> its last two (timestep, output), newest last
+        self.buffers: dict[tuple[str, int], torch.Tensor] = {}  # extrapolate: where the views are written
+        self.view: dict[str, object] = {}  # extrapolate: earlier stages' outputs as this stage reads them
+        self.last_timestep: float | None = None  # of the previous denoiser call of this call
+        self.replan, self.replanned, self.planned_call = True, False, -1  # re-cut once, at the second call
+        self.staged_costs: dict[str, float] = {}  # fastest time of each own layer in the staged steps
 
     def stage_costs(self) -> list[float]:
-        """Measured seconds per stage (rank 0's timings)."""
+        """Measured seconds per stage (the timings of the current cut)."""
         out = [0.0] * self.stages
         for name, stage in (self.owner or {}).items():
             out[stage] += self.costs[name]
@@ -129,27 +150,83 @@ class AsyncState:
         ctx = self.context
         if ctx.call_index != self.call:
             self.call, self.index, self.fresh = ctx.call_index, 0, True
+            self.known.clear()
+            self.view.clear()
         self.producer.clear()  # tensor ids are traced within one denoiser call
         cooling = self.cooldown and ctx.num_steps and ctx.step >= ctx.num_steps - self.cooldown
         self.sequential = self.index < self.warmup or batch != self.batch or bool(cooling)
         self.batch = batch
         if not self.sequential and self.owner is None:
             self._plan()
+        elif not self.sequential and self.replan and not self.replanned and self.call > self.planned_call:
+            self._replan()  # the first staged step of the second call: every rank holds fresh outputs
         if not self.sequential and not self.fresh and (self.index - self.warmup) % self.stride == 0:
             self._exchange()
+        if not self.sequential and self.extrapolate:
+            self._extrapolate()
         self.index += 1
 
     def end(self) -> None:
         self.fresh = self.sequential
+        if self.sequential and self.extrapolate:
+            for name, output in self.cache.items():
+                self._remember(name, self.context.timestep, output)
+        self.last_timestep = self.context.timestep
+
+    def _remember(self, name: str, timestep: float | None, output) -> None:
+        history = self.known.setdefault(name, [])
+        if not history or history[-1][1] is not output:
+            history.append((timestep, output))
+            del history[:-2]
+
+    def _extrapolate(self) -> None:
+        """Earlier stages' outputs (computed at the previous call) carried on linearly to this call's timestep,
+        into buffers kept from call to call (fresh 100 MB allocations per step cost more than the arithmetic)."""
+        now = self.context.timestep
+        for name in (n for stage in range(self.stage) for n in self._exchanged(stage)):
+            self._remember(name, self.last_timestep, self.cache[name])
+            history = self.known[name]
+            (t0, older), (t1, newer) = history if len(history) == 2 else (history[0], history[0])
+            if None in (now, t0, t1) or t0 == t1:
+                self.view.pop(name, None)
+                continue
+            ratio, olds, index = (now - t1) / (t1 - t0), iter(_tensors(older)), itertools.count()
+
+            def carry(t, name=name, ratio=ratio, olds=olds, index=index):
+                key = (name, next(index))
+                out = self.buffers.get(key)
+                if out is None or out.shape != t.shape or out.dtype != t.dtype or out.device != t.device:
+                    out = self.buffers[key] = torch.empty_like(t)
+                return torch.lerp(t, next(olds), -ratio, out=out)
+
+            self.view[name] = map_tensors(newer, carry)
+
+    def _exchanged(self, stage: int) -> list[str]:
+        """The units of ``stage`` whose outputs go to the later stages at each exchange."""
+        return self.send[stage] if self.selective else [n for n in self.order if self.owner[n] == stage]
 
     def _plan(self) -> None:
         costs = torch.tensor([self.costs[n] for n in self.order], dtype=torch.float64)
         self._collective(dist.broadcast, costs, src=self.ranks[0])  # one timing for all: identical cuts
+        self._cut(costs)
+        self.planned_call = self.call
+
+    def _replan(self) -> None:
+        """Cut again on the staged timings: each layer timed by its owner while the stages ran at once (the
+        warm-up's whole-model timings misjudge some layers, at large batches by up to 1.6x)."""
+        self.replanned = True
+        costs = torch.tensor([self.staged_costs.get(n, 0.0) for n in self.order], dtype=torch.float64)
+        self._collective(dist.all_reduce, costs)  # every layer was timed on exactly one rank of the group
+        if bool((costs > 0).all()):
+            self._cut(costs)
+
+    def _cut(self, costs: torch.Tensor) -> None:
         if len(self.order) < self.stages:
             raise AcceleratorError(f"parallel(mode=async): {len(self.order)} layers ran, fewer than "
                                    f"stages={self.stages}")  # fmt: skip
         self.costs = dict(zip(self.order, costs.tolist()))
         self.owner = dict(zip(self.order, balanced_cuts(costs.tolist(), self.stages)))
+        self.send.clear()
         for stage in range(self.stages):
             names = [n for n in self.order if self.owner[n] == stage]
             wanted = {names[-1]}  # the boundary: it may reach the next stage through glue code (no tracing)
@@ -173,7 +250,7 @@ class AsyncState:
         """Every stage's latest outputs to every rank: one broadcast per stage (and dtype). The last stage's
         are left out: they feed nothing but its own prediction, which ``share_prediction`` sends."""
         for stage, src in enumerate(self.ranks[:-1]):
-            names = self.send[stage] if self.selective else [n for n in self.order if self.owner[n] == stage]
+            names = self._exchanged(stage)
             tensors = [t for n in names for t in _tensors(self.cache[n])]
             received: list[torch.Tensor] = []
             for dtype in sorted({t.dtype for t in tensors}, key=str):
@@ -219,21 +296,19 @@ class StageUnitHook(ModelHook):
         st, forward = self.state, self.fn_ref.original_forward
         if st.sequential:
             if st.owner is None:  # the first call: record the order and time every layer
-                _wait((args, kwargs))
-                start = time.perf_counter()
-                output = forward(*args, **kwargs)
-                _wait(output)
-                seconds = time.perf_counter() - start
+                output = _timed(forward, args, kwargs, st.costs, self.name)
                 st.trace(self.name, (args, kwargs), output)
-                if self.name not in st.costs:
+                if self.name not in st.order:
                     st.order.append(self.name)
-                st.costs[self.name] = min(seconds, st.costs.get(self.name, seconds))
             else:
                 output = forward(*args, **kwargs)
         elif st.owner.get(self.name, st.stage) == st.stage:  # layers the plan never saw run everywhere
-            output = forward(*args, **kwargs)
+            if st.replan and not st.replanned:
+                output = _timed(forward, args, kwargs, st.staged_costs, self.name)
+            else:
+                output = forward(*args, **kwargs)
         else:
-            return st.cache[self.name]
+            return st.view.get(self.name, st.cache[self.name]) if st.extrapolate else st.cache[self.name]
         st.cache[self.name] = output
         return output
 
@@ -279,15 +354,14 @@ def _blocks(denoiser) -> dict[str, torch.nn.Module]:
     return found
 
 
-def install_async(
-    fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int, cooldown: int = 0
-) -> HandleGroup:
+def install_async(fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int,
+                  cooldown: int = 0, extrapolate: int = 0) -> HandleGroup:  # fmt: skip
     """Hook the layers and the denoiser of ``fp`` for stage ``stage`` of ``stages`` (``ranks``: global ranks)."""
     units = stage_units(fp.denoiser)
     if len(units) < stages:
         raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
                                f"split, fewer than stages={stages}")  # fmt: skip
-    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride, cooldown)
+    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride, cooldown, extrapolate)
     handles = []
     try:
         for name, module in units.items():

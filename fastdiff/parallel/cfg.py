@@ -86,7 +86,8 @@ class Parallel(Accelerator):
     ``mode=cfg``: one guidance branch per rank. ``mode=async``: the denoiser in ``stages`` (default: devices)
     stages, one per rank, AsyncDiff-style (fastdiff/parallel/async_.py), after ``warmup`` whole calls, with
     activations exchanged every ``stride`` calls; the last ``cooldown`` steps run whole again (their small
-    updates are where stale activations show most). ``mode=cfg+async``: both, devices = branches x stages.
+    updates are where stale activations show most); ``extrapolate=1`` carries the stale activations on
+    linearly to the current timestep. ``mode=cfg+async``: both, devices = branches x stages.
     """
 
     mode: str = "cfg"
@@ -95,6 +96,7 @@ class Parallel(Accelerator):
     warmup: int = DEFAULT_WARMUP
     stride: int = 1
     cooldown: int = 0
+    extrapolate: int = 0
 
     spec_name = "parallel"
     kind = "parallel"
@@ -114,14 +116,19 @@ class Parallel(Accelerator):
             raise AcceleratorError(f"parallel: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if isinstance(self.cooldown, bool) or not isinstance(self.cooldown, int) or self.cooldown < 0:
             raise AcceleratorError(f"parallel: cooldown must be an integer >= 0, got {self.cooldown!r}")
+        if isinstance(self.extrapolate, bool) or self.extrapolate not in (0, 1):
+            raise AcceleratorError(
+                f"parallel: extrapolate must be 0 (off) or 1 (linear), got {self.extrapolate!r}"
+            )
         for name in ("devices", "warmup", "stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AcceleratorError(f"parallel: {name} must be a positive integer, got {value!r}")
         if self.mode == "cfg":
             given = [n for n, v in (("stages", self.stages), ("warmup", self.warmup), ("stride", self.stride),
-                                    ("cooldown", self.cooldown))
-                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1, "cooldown": 0}[n]]  # fmt: skip
+                                    ("cooldown", self.cooldown), ("extrapolate", self.extrapolate))
+                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1, "cooldown": 0,
+                              "extrapolate": 0}[n]]  # fmt: skip
             if given:
                 raise AcceleratorError(
                     f"parallel: {', '.join(given)} apply to mode=async and mode=cfg+async only"
@@ -181,7 +188,7 @@ class Parallel(Accelerator):
 
                 ranks, group = _groups(stages, branches, by="stage")[branch]
                 handles.append(install_async(fp, stages, stage, ranks, group, self.warmup, self.stride,
-                                             self.cooldown))  # fmt: skip
+                                             self.cooldown, self.extrapolate))  # fmt: skip
             if "cfg" in self.mode:  # outside the async hook: it hands each stage one branch's half batch
                 _, group = _groups(stages, branches, by="branch")[stage]
                 hook = BranchSplitHook(fp.context, branches, branch, group)
