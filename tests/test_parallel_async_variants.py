@@ -19,6 +19,7 @@ STEPS = 6
 SAMPLER = f"scheduler(name=dpm++2m,steps={STEPS})"
 WARM_ONLY = f"parallel(mode=async,devices=2,warmup={STEPS})"
 PIPELINED = "parallel(mode=async,devices=2,warmup=2)"
+EXTRAPOLATED = "parallel(mode=async,devices=2,warmup=2,extrapolate=1)"
 LORA = dict(
     r=4,
     lora_alpha=64,  # scale 16: a LoRA that changes the images plainly
@@ -61,7 +62,13 @@ def hook_state(model) -> dict[str, tuple]:
 
 def _variants_and_habits(rank, world, runs: dict):
     variants = {
-        name: generate(rank, world, path, [SAMPLER, f"{SAMPLER};{WARM_ONLY}", f"{SAMPLER};{PIPELINED}"], call)
+        name: generate(
+            rank,
+            world,
+            path,
+            [SAMPLER, *(f"{SAMPLER};{s}" for s in (WARM_ONLY, PIPELINED, EXTRAPOLATED))],
+            call,
+        )
         for name, (path, call) in runs.items()
         if name != "tiny-sd"
     }
@@ -101,6 +108,8 @@ def test_img2img_inpaint_and_controlnet_run_staged_close_to_one_process(results)
         np.testing.assert_array_equal(out[f"{SAMPLER};{WARM_ONLY}"]["images"], plain, err_msg=name)
         staged = out[f"{SAMPLER};{PIPELINED}"]["images"]
         assert np.isfinite(staged).all() and 12 < psnr(staged, plain) < 200, (name, psnr(staged, plain))
+        carried = out[f"{SAMPLER};{EXTRAPOLATED}"]["images"]  # stale activations carried on to the timestep
+        assert np.isfinite(carried).all() and psnr(carried, plain) > psnr(staged, plain) - 1, name
 
 
 @pytest.mark.slow
