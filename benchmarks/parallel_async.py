@@ -9,7 +9,8 @@ reference (guidance 2, 500 images: accuracy and FD by fastdiff's own evaluator, 
 PSNR). Each setting runs in freshly launched worker processes: one untimed warm-up call (it also times the
 layers and fixes the stage split), then ``--runs`` timed calls; the speedup is the ratio of median wall times.
 ``--warmups`` lists the async warm-up lengths to try (the first is the headline); ``--extrapolate both`` runs
-each with and without ``extrapolate=1``. ``--seeds N`` scores the
+each with and without ``extrapolate=1``. Workers retain freed memory (``launch``); ``--allocator`` also times one
+process with glibc's default malloc settings (speedup = default / retained, images must be identical). ``--seeds N`` scores the
 digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
 and each batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
 """
@@ -67,9 +68,15 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, 
 
 
 def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
-            seeds: int = 1, extrapolate: tuple[int, ...] = (0,)) -> dict:  # fmt: skip
+            seeds: int = 1, extrapolate: tuple[int, ...] = (0,), allocator: bool = False) -> dict:  # fmt: skip
     single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
+    if allocator:  # the same process with glibc's default malloc settings (launch(retain_memory=False))
+        plain = launch(timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False)
+        out["single, default malloc"] = {"seconds": plain["seconds"],
+                                         "speedup": statistics.median(plain["seconds"]) / statistics.median(single["seconds"]),
+                                         "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])]))}  # fmt: skip
+        print(json.dumps(out["single, default malloc"]), flush=True)
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
         more = (f",cooldown={cooldown}" if cooldown else "") + (",extrapolate=1" if linear else "")
         specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
@@ -99,6 +106,8 @@ def main() -> None:
     parser.add_argument("--cooldown", type=int, default=0, help="last steps run whole on every rank")
     parser.add_argument("--extrapolate", default="off", choices=["off", "on", "both"],
                         help="async option extrapolate=1 (stale activations carried on to the current timestep)")  # fmt: skip
+    parser.add_argument("--allocator", action="store_true",
+                        help="also time one process with glibc's default malloc (the workers retain freed memory)")  # fmt: skip
     parser.add_argument(
         "--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled"
     )
@@ -136,7 +145,7 @@ def main() -> None:
                      "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
                      "images": len(pooled.get("prompt", pooled.get("class_labels", []))), "seeds": seeds,
                      **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds,
-                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate])}  # fmt: skip
+                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2))
 
