@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
+from fastdiff.parallel.launch import retain_freed_memory
 from fastdiff.parallel.stage_workers import STAGE_FUNCTIONS, STAGES
 from fastdiff.parallel.stages import StagePipeline
 from fastdiff.zoo import build
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "stage_pipeline.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    retain_freed_memory()  # the sequential runs here, with the same malloc settings as launch()'s workers
     model = build("tiny-sd", args.cache / "tiny-sd-bench", size="bench")
     out = json.loads(args.out.read_text()) if args.out.is_file() else {}
     out.setdefault("settings", {})

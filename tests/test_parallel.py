@@ -96,7 +96,7 @@ def _page_faults_per_forward(rank: int, world: int) -> list[int]:
 @pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     pages = 4 * 64 * 2**20 // 4096  # the four 64 MB activations of one forward
-    default = _page_faults_per_forward(0, 1)  # this process: glibc's defaults
+    default = launch(_page_faults_per_forward, 1, retain_memory=False)  # glibc's defaults
     kept = launch(_page_faults_per_forward, 1)
     assert min(default[1:]) > pages // 2, default  # each activation a fresh mapping, faulted in page by page
-    assert max(kept[2:]) < pages // 20, kept  # once the heap has grown to its peak, its pages are reused
+    assert sum(kept[1:]) < sum(default[1:]) / 10, kept  # the heap grows to its peak, then is reused

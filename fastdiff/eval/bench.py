@@ -149,7 +149,8 @@ def run_bench(
     """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON).
 
     With ``devices`` > 1, configs whose specs contain ``parallel(...)`` run in that many worker processes
-    (``fastdiff.parallel.launch``, ``threads`` each, default 1); the others run here.
+    (``fastdiff.parallel.launch``, ``threads`` each, default 1); the others run here, with this process's
+    malloc set like the workers' (``retain_freed_memory``), so that the ratios are those of the parallelism.
     """
     if runs <= 0:
         raise ValueError(f"runs must be a positive integer, got {runs}")
@@ -159,6 +160,10 @@ def run_bench(
         raise ValueError(f"devices={devices}, but no config's specs contain parallel(...) to run on them")
     if threads:
         torch.set_num_threads(threads)
+    if devices > 1:
+        from fastdiff.parallel.launch import retain_freed_memory
+
+        retain_freed_memory()
     fp = model if isinstance(model, FastPipeline) else FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
     inputs = make_inputs(fp.pipe, batch, guidance)
