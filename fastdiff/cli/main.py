@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
     bench.add_argument("--devices", type=int, default=1,
-                       help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs)")  # fmt: skip
+                       help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs); every config then runs with freed memory kept for reuse (glibc), as the workers do")  # fmt: skip
     bench.set_defaults(func=cmd_bench)
 
     gen = sub.add_parser("generate", help="write PNGs")
