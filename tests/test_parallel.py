@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -93,7 +95,7 @@ def _page_faults_per_forward(rank: int, world: int) -> list[int]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     pages = 4 * 64 * 2**20 // 4096  # the four 64 MB activations of one forward
     default = launch(_page_faults_per_forward, 1, retain_memory=False)  # glibc's defaults
