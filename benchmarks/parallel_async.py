@@ -9,9 +9,10 @@ reference (guidance 2, 500 images: accuracy and FD by fastdiff's own evaluator, 
 PSNR). Each setting runs in freshly launched worker processes: one untimed warm-up call (it also times the
 layers and fixes the stage split), then ``--runs`` timed calls; the speedup is the ratio of median wall times.
 ``--warmups`` lists the async warm-up lengths to try (the first is the headline); ``--extrapolate both`` runs
-each with and without ``extrapolate=1``. Workers retain freed memory (``launch``); ``--allocator`` also times one
-process with glibc's default malloc settings (speedup = default / retained, images must be identical). ``--seeds N`` scores the
-digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
+each with and without ``extrapolate=1``. ``--interleave`` instead times both arms in one launch, in alternating
+rounds (speedup = ratio of the medians; ``round_speedups`` per round). Workers retain freed memory (``launch``);
+``--allocator`` also times one process with glibc's default malloc settings (speedup = default / retained,
+images must be identical). ``--seeds N`` scores the digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
 and each batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,11 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, 
         fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).images
         for seed in range(1, seeds)
     ]
+    return {"seconds": seconds, "images": np.concatenate(images), "plan": stage_plan(handle)}
+
+
+def stage_plan(handle) -> dict:
+    """For async: MB exchanged per step, the stage timings and where the cut fell; {} otherwise."""
     states = [h.state for h in getattr(handle, "handles", [handle]) if "state" in h.info]
     plan = {}
     if states:
@@ -64,11 +71,49 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, 
         plan["stage0_outputs_mb"] = megabytes([n for n in st.order if st.owner[n] == 0])
         plan.update(stage_seconds=st.stage_costs(), boundary=[n for n in st.order if st.owner[n] == 1][0],
                     layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)])  # fmt: skip
-    return {"seconds": seconds, "images": np.concatenate(images), "plan": plan}
+    return plan
+
+
+def interleaved(rank: int, world: int, model: str, specs: str, call: dict, runs: int) -> dict:
+    """Both arms in one launch, timed in alternating rounds: rank 0 runs a one-process call (the other rank
+    waits at a barrier) and both run the async call; odd rounds go async first. Machine-load drift then hits both
+    arms alike (measured here: one process alone varied 22-28 s per tiny-sd call within minutes)."""
+    import torch.distributed as dist
+
+    from fastdiff import FastPipeline
+
+    fast = FastPipeline.from_pretrained(model)
+    fast.pipe.set_progress_bar_config(disable=True)
+    handle = fast.accelerate(specs)
+    single = FastPipeline.from_pretrained(model, accelerators=SAMPLER) if rank == 0 else None
+    if single is not None:
+        single.pipe.set_progress_bar_config(disable=True)
+
+    def one(fp):  # wall seconds and images of one call; only rank 0 runs ``single``, the others wait
+        dist.barrier()
+        start, images = time.perf_counter(), None
+        if fp is not None:
+            images = fp(**call, output_type="np", generator=torch.Generator().manual_seed(0)).images
+        seconds = time.perf_counter() - start
+        dist.barrier()
+        return seconds, images
+
+    one(single), one(fast)  # warm-up: the async call also times the layers and fixes the stage split
+    seconds: dict[str, list[float]] = {"single": [], "async": []}
+    images = {}
+    for round_ in range(runs):
+        arms = [("single", single), ("async", fast)]
+        for arm, fp in arms[:: 1 if round_ % 2 == 0 else -1]:
+            took, images[arm] = one(fp)
+            seconds[arm].append(took)
+    return {"seconds": seconds, "images": images, "plan": stage_plan(handle)}
 
 
 def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
-            seeds: int = 1, extrapolate: tuple[int, ...] = (0,), allocator: bool = False) -> dict:  # fmt: skip
+            seeds: int = 1, extrapolate: tuple[int, ...] = (0,), allocator: bool = False,
+            interleave: bool = False) -> dict:  # fmt: skip
+    if interleave:
+        return measure_interleaved(model, call, runs, warmups, evaluate, extrapolate)
     single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     if allocator:  # the same process with glibc's default malloc settings (launch(retain_memory=False))
@@ -97,6 +142,27 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
     return out
 
 
+def measure_interleaved(
+    model: Path, call: dict, runs: int, warmups: list[int], evaluate, extrapolate
+) -> dict:
+    out = {}
+    for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
+        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}" + (
+            ",extrapolate=1)" if linear else ")"
+        )
+        got = launch(interleaved, 2, str(model), specs, call, runs, timeout_s=1200)
+        single, two = got["seconds"]["single"], got["seconds"]["async"]
+        out[f"interleaved async warmup={warmup}" + (" extrapolate=1" if linear else "")] = row = {
+            "specs": specs, "single_seconds": single, "seconds": two,
+            "speedup": statistics.median(single) / statistics.median(two),
+            "round_speedups": [round(a / b, 3) for a, b in zip(single, two)],
+            **evaluate(got["images"]["async"], got["images"]["single"]),
+            **got["plan"],
+        }  # fmt: skip
+        print(json.dumps({k: v for k, v in row.items() if k != "specs"}), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
@@ -111,6 +177,8 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled"
     )
+    parser.add_argument("--interleave", action="store_true",
+                        help="time both arms in one launch, in alternating rounds (one seed)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
@@ -128,7 +196,7 @@ def main() -> None:
         call = make_inputs(pipe, 500 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
         quality = quality_for(pipe)
 
-        seeds = args.seeds if name == "digits" else 1
+        seeds = args.seeds if name == "digits" and not args.interleave else 1
         pooled = {k: v * seeds if k in ("prompt", "class_labels") else v for k, v in call.items()}
 
         def evaluate(images, reference, pipe=pipe, call=call, pooled=pooled, quality=quality, seeds=seeds):
@@ -145,7 +213,8 @@ def main() -> None:
                      "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
                      "images": len(pooled.get("prompt", pooled.get("class_labels", []))), "seeds": seeds,
                      **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds,
-                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator)}  # fmt: skip
+                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator,
+                               args.interleave)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2))
 
