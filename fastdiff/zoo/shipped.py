@@ -60,17 +60,17 @@ SHIPPED_SD: dict[str, tuple[int, str]] = {
     "unet/config.json": (1708, "a374aacdc88d46b6f4bc37c13d10693306b8e1f4640c29cc9a4921d8325289a3"),
     "unet/diffusion_pytorch_model.safetensors": (
         5992776,
-        "1864c5e3584682cd060e6764435f6e8d5dc482d14cca30f973aa758f3ab95110",
+        "a4a7cd624909f82e62ceaf016fdb1ba8a5b7ad9077c52245203183d5f0231928",
     ),
-    "vae/config.json": (653, "693d4ca614f9302aa63fe2a033858e9461f8d7693b199585f6c4eeeb4cd01ad5"),
+    "vae/config.json": (653, "0a164b76721162c048b2e2ed0523767eb936225e8fab319d82d09285069d94a2"),
     "vae/diffusion_pytorch_model.safetensors": (
         2641916,
-        "4a8a524bf544cde739de5014d97590c1276558261faf17fbf84e2402df768ebb",
+        "c79124d59f9c922b9b4040627d5c96fb6f3a81b252e54a371b003377201a90f0",
     ),
     "text_encoder/config.json": (539, "da97b632e1cafebbaf52c2d11b01e4c98a3578bfa879f0f67b1f3452836ede98"),
     "text_encoder/model.safetensors": (
         746776,
-        "b5e27eb65c21ffe83f344aaa68cc350823e166b9c15c6ce69f40dba29e5834d7",
+        "ac200c32cc1fce9aca41e829e3a467c916a8f2f5fbd79f9728b82d6d8c20a445",
     ),
     "tokenizer/tokenizer.json": (65850, "32c27a652ac7e76dba7184220e036810f7e1e75bd3e20446e6551adecade6883"),
     "tokenizer/tokenizer_config.json": (
@@ -78,9 +78,9 @@ SHIPPED_SD: dict[str, tuple[int, str]] = {
         "6b58667b77fc658d9a6a7056ad703210b2c4071cf79f4c90002998072bbdfb4a",
     ),
     "eval/prompts.json": (805, "9777ca37671e43fe5b3996d67e4e9379328ca7233f28e62bf31a175cabe9da1d"),
-    "eval/report.json": (764, "562ef399ff5722aec3f2cb31360e1ab996282596e9a894a039a588ccdd5e4ef6"),
-    "unet_loss.csv": (103630, "55c5ad42fbb2dd28bd05e48a0e6ee1a35d5715cbd827c69095a3c32c0775ea2e"),
-    "vae_loss.csv": (17571, "4bb9d6c348c2b7bd1cb413e3a77f469b4563dad07a39254a752b7512792d8bb0"),
+    "eval/report.json": (770, "74f9fef68deb65cbc5c7a9342f910302203185d19fc1978ed5681959cfc89629"),
+    "unet_loss.csv": (769071, "c1ff3d7d372ccf026ebdde4a5ab9886a556ee8390020ad6edaa41d19cc20d60e"),
+    "vae_loss.csv": (17484, "504a753cb419b822c2c5ba6e1cb1fd5c483faaf356988807911cbe1fd675a59a"),
 }
 
 
