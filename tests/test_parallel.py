@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from helpers import assert_dead_rank_ends_the_run
 
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.parallel.launch import launch
+from fastdiff.parallel.launch import launch, pin_to_cores
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
 
@@ -102,3 +103,25 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     kept = launch(_page_faults_per_forward, 1)
     assert min(default[1:]) > pages // 2, default  # each activation a fresh mapping, faulted in page by page
     assert sum(kept[1:]) < sum(default[1:]) / 10, kept  # the heap grows to its peak, then is reused
+
+
+def _affinities(rank, world):
+    import torch.distributed as dist
+
+    mine = sorted(os.sched_getaffinity(0))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores and sched_setaffinity")  # fmt: skip
+def test_cpu_workers_get_a_core_each_when_there_are_enough():
+    cores = sorted(os.sched_getaffinity(0))
+    assert launch(_affinities, 2) == [[cores[0]], [cores[1]]]
+    try:  # the same function in this process: too few cores changes nothing, else rank r takes group r
+        assert pin_to_cores(0, len(cores) + 1, 1) is None and sorted(os.sched_getaffinity(0)) == cores
+        assert pin_to_cores(1, 2, 1) == {cores[1]} == os.sched_getaffinity(0)
+    finally:
+        os.sched_setaffinity(0, cores)

@@ -78,10 +78,30 @@ def retain_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def _worker(rank, fn, world, port, timeout_s, threads, result_dir, args, retain_memory=True):
+def pin_to_cores(rank: int, world: int, threads: int) -> set[int] | None:
+    """Bind this process to its own ``threads`` CPU cores: rank r takes the r-th group of the cores the process
+    may run on. Returns them, or None (nothing changed) where ``world x threads`` cores are not available.
+
+    Without it the kernel moves the ranks between cores whenever one blocks in a collective and wakes up, and
+    each move costs the rank its L1/L2 caches: measured here, tiny-sd async calls took 12.4-13.2 s pinned
+    against 13.6-14.6 s unpinned (2 ranks x 1 thread on 2 cores, interleaved with one-process calls).
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if world * threads > len(cores):
+        return None
+    mine = set(cores[rank * threads : (rank + 1) * threads])
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def _worker(rank, fn, world, port, timeout_s, threads, result_dir, args, retain_memory=True, pin=None):
     torch.set_num_threads(threads)
     if retain_memory:
         retain_freed_memory()
+    if pin or (pin is None and not torch.cuda.is_available()):
+        pin_to_cores(rank, world, threads)
     init_group(rank, world, port, timeout_s)
     try:
         result = fn(rank, world, *args)
@@ -92,17 +112,19 @@ def _worker(rank, fn, world, port, timeout_s, threads, result_dir, args, retain_
         dist.destroy_process_group()
 
 
-def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1, retain_memory: bool = True):
+def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1, retain_memory: bool = True,
+           pin_cores: bool | None = None):  # fmt: skip
     """Run ``fn(rank, devices, *args)`` in ``devices`` processes of one process group; rank 0's return value.
 
     ``fn`` must be importable (a module-level function): the workers are spawned, not forked. Each worker uses
-    ``threads`` torch threads and, unless ``retain_memory=False``, ``retain_freed_memory()``. Raises
-    ParallelError naming the failed rank.
+    ``threads`` torch threads and, unless ``retain_memory=False``, ``retain_freed_memory()``. Each is bound to
+    its own cores (``pin_to_cores``) when there are enough: by default only without CUDA (the ranks compute on
+    the CPU); ``pin_cores=False`` never, ``True`` also with CUDA. Raises ParallelError naming the failed rank.
     """
     if not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive integer, got {devices!r}")
     with tempfile.TemporaryDirectory(prefix="fastdiff-parallel-") as tmp:
-        spawn_args = (fn, devices, free_port(), timeout_s, threads, tmp, args, retain_memory)
+        spawn_args = (fn, devices, free_port(), timeout_s, threads, tmp, args, retain_memory, pin_cores)
         context = mp.start_processes(
             _worker, args=spawn_args, nprocs=devices, join=False, start_method="spawn"
         )
