@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="digits: class-conditional UNet2DModel; sd: digits-sd, a StableDiffusionPipeline "
                              "(VAE + CLIP text encoder + UNet2DConditionModel) on digit prompts")  # fmt: skip
     rbuild.add_argument("--vae-steps", type=int, default=None, help="--kind sd: VAE steps (default 500)")
-    rbuild.add_argument("--unet-steps", type=int, default=None, help="--kind sd: text encoder + UNet steps (default 21000)")
+    rbuild.add_argument(
+        "--unet-steps", type=int, default=None, help="--kind sd: text encoder + UNet steps (default 21000)"
+    )
     rbuild.add_argument("--minutes", type=float, help=argparse.SUPPRESS)  # removed; kept to explain why
     ref.set_defaults(func=cmd_reference)
 
