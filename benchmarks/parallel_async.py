@@ -12,8 +12,9 @@ layers and fixes the stage split), then ``--runs`` timed calls; the speedup is t
 each with and without ``extrapolate=1``. ``--interleave`` instead times both arms in one launch, in alternating
 rounds (speedup = ratio of the medians; ``round_speedups`` per round). Workers retain freed memory (``launch``);
 ``--allocator`` also times one process with glibc's default malloc settings (speedup = default / retained,
-images must be identical). ``--seeds N`` scores the digits reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them,
-and each batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
+images must be identical); ``--unpinned`` leaves them unbound to cores. ``--seeds N`` scores the digits
+reference on N batches of 500 (seeds 0..N-1, untimed after the first): FD pooled over all of them, and each
+batch's own FD (``fd_per_seed``), which shows how much FD over 500 images moves between seeds.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fastdiff.zoo.shipped import ensure_digits
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLER = "scheduler(name=dpm++2m,steps=20)"
+PIN_CORES: bool | None = None  # launch's default: each CPU worker bound to its own core; --unpinned: False
 
 
 def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, seeds: int = 1) -> dict:
@@ -114,10 +116,21 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
             interleave: bool = False) -> dict:  # fmt: skip
     if interleave:
         return measure_interleaved(model, call, runs, warmups, evaluate, extrapolate)
-    single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200)
+    single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200, pin_cores=PIN_CORES)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     if allocator:  # the same process with glibc's default malloc settings (launch(retain_memory=False))
-        plain = launch(timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False)
+        plain = launch(
+            timed,
+            1,
+            str(model),
+            SAMPLER,
+            call,
+            runs,
+            1,
+            timeout_s=1200,
+            retain_memory=False,
+            pin_cores=PIN_CORES,
+        )
         out["single, default malloc"] = {"seconds": plain["seconds"],
                                          "speedup": statistics.median(plain["seconds"]) / statistics.median(single["seconds"]),
                                          "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])]))}  # fmt: skip
@@ -125,7 +138,7 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
         more = (f",cooldown={cooldown}" if cooldown else "") + (",extrapolate=1" if linear else "")
         specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
-        two = launch(timed, 2, str(model), specs, call, runs, seeds, timeout_s=1200)
+        two = launch(timed, 2, str(model), specs, call, runs, seeds, timeout_s=1200, pin_cores=PIN_CORES)
         key = (
             f"async warmup={warmup}"
             + (f" cooldown={cooldown}" if cooldown else "")
@@ -150,7 +163,7 @@ def measure_interleaved(
         specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}" + (
             ",extrapolate=1)" if linear else ")"
         )
-        got = launch(interleaved, 2, str(model), specs, call, runs, timeout_s=1200)
+        got = launch(interleaved, 2, str(model), specs, call, runs, timeout_s=1200, pin_cores=PIN_CORES)
         single, two = got["seconds"]["single"], got["seconds"]["async"]
         out[f"interleaved async warmup={warmup}" + (" extrapolate=1" if linear else "")] = row = {
             "specs": specs, "single_seconds": single, "seconds": two,
@@ -179,9 +192,14 @@ def main() -> None:
     )
     parser.add_argument("--interleave", action="store_true",
                         help="time both arms in one launch, in alternating rounds (one seed)")  # fmt: skip
+    parser.add_argument(
+        "--unpinned", action="store_true", help="workers not bound to cores (launch(pin_cores=False))"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
+    global PIN_CORES
+    PIN_CORES = False if args.unpinned else None
     from diffusers import DiffusionPipeline
 
     warmups = [int(w) for w in args.warmups.split(",")]
