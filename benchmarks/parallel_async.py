@@ -111,6 +111,11 @@ def interleaved(rank: int, world: int, model: str, specs: str, call: dict, runs:
     return {"seconds": seconds, "images": images, "plan": stage_plan(handle)}
 
 
+def async_specs(warmup: int, linear: int, cooldown: int = 0) -> str:
+    more = (f",cooldown={cooldown}" if cooldown else "") + (",extrapolate=1" if linear else "")
+    return f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
+
+
 def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
             seeds: int = 1, extrapolate: tuple[int, ...] = (0,), allocator: bool = False,
             interleave: bool = False) -> dict:  # fmt: skip
@@ -119,25 +124,14 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
     single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200, pin_cores=PIN_CORES)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     if allocator:  # the same process with glibc's default malloc settings (launch(retain_memory=False))
-        plain = launch(
-            timed,
-            1,
-            str(model),
-            SAMPLER,
-            call,
-            runs,
-            1,
-            timeout_s=1200,
-            retain_memory=False,
-            pin_cores=PIN_CORES,
-        )
+        plain = launch(timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False,
+                       pin_cores=PIN_CORES)  # fmt: skip
         out["single, default malloc"] = {"seconds": plain["seconds"],
                                          "speedup": statistics.median(plain["seconds"]) / statistics.median(single["seconds"]),
                                          "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])]))}  # fmt: skip
         print(json.dumps(out["single, default malloc"]), flush=True)
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
-        more = (f",cooldown={cooldown}" if cooldown else "") + (",extrapolate=1" if linear else "")
-        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
+        specs = async_specs(warmup, linear, cooldown)
         two = launch(timed, 2, str(model), specs, call, runs, seeds, timeout_s=1200, pin_cores=PIN_CORES)
         key = (
             f"async warmup={warmup}"
@@ -160,9 +154,7 @@ def measure_interleaved(
 ) -> dict:
     out = {}
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
-        specs = f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}" + (
-            ",extrapolate=1)" if linear else ")"
-        )
+        specs = async_specs(warmup, linear)
         got = launch(interleaved, 2, str(model), specs, call, runs, timeout_s=1200, pin_cores=PIN_CORES)
         single, two = got["seconds"]["single"], got["seconds"]["async"]
         out[f"interleaved async warmup={warmup}" + (" extrapolate=1" if linear else "")] = row = {
