@@ -2,7 +2,7 @@
 
 ``StagePipeline`` streams requests (dicts of the pipeline's own call arguments) through three stages joined
 by bounded queues, so that while request k denoises, request k+1 is encoded and request k-1 decoded. The
-workers are started by ``fastdiff.parallel.launch.launch`` (spawned processes in a ``torch.distributed``
+workers are started by ``fastdiff.parallel.launch.launch`` (processes in a ``torch.distributed``
 group, one torch thread each; a worker that fails or dies makes it terminate the others and raise), run on a
 background thread of the caller. Each worker loads the pipeline and applies the accelerators of its stages
 (routed by what they declare they touch: ``text_encoder.*`` on the text stage, everything else on the
@@ -19,7 +19,7 @@ With one denoiser, the denoiser bounds the throughput (Amdahl): the speedup over
 total / denoiser time per request, about 1.02x at 20 guided steps; replicas lift that bound about N-fold.
 Measured figures in docs/stages.md.
 
-Example (in a script, under ``if __name__ == "__main__":``: the workers are spawned)::
+Example (in a script, under ``if __name__ == "__main__":``: the workers import the main module)::
 
     import torch
     from fastdiff.parallel.stages import StagePipeline
@@ -115,9 +115,9 @@ class StagePipeline:
         """Start the workers and wait until every one has loaded the pipeline and applied its accelerators."""
         if self._thread is not None:
             raise RuntimeError("StagePipeline is already started")
-        from fastdiff.parallel.launch import launch
+        from fastdiff.parallel.launch import launch, start_context
 
-        context = torch.multiprocessing.get_context("spawn")
+        context = start_context()  # the queues' locks must suit how the workers start
         self._queues = [context.Queue(maxsize=self.queue_size) for _ in range(len(STAGES) + 1)]
         self._events, self._finished = context.Queue(), context.Event()
         # The process group's timeout bounds the workers' final barrier after the last image.
