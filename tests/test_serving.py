@@ -5,10 +5,12 @@ import asyncio
 import base64
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -114,7 +116,7 @@ def subprocess_servers(request, digits, tmp_path_factory):
     imports and Ray's start overlap the in-thread tests."""
     selected = {item.name for item in request.session.items}
     out = tmp_path_factory.mktemp("servers")
-    procs = {}
+    procs, ray_dir = {}, None
     if SIGTERM_TEST in selected:
         port = free_port()
         procs["plain"] = (
@@ -123,13 +125,15 @@ def subprocess_servers(request, digits, tmp_path_factory):
         )
     if RAY_TEST in selected:
         port = free_port()
-        flags = ["--ray", "--replicas", "2", "--ray-dir", str(out / "ray"), "--max-batch", "8"]
+        ray_dir = tempfile.mkdtemp(prefix="fd-ray-")  # Ray's socket paths must stay under 108 bytes
+        flags = ["--ray", "--replicas", "2", "--ray-dir", ray_dir, "--max-batch", "8"]
         procs["ray"] = (
             spawn(digits, port, *flags, "--profile", f"fast={FAST}", log=open(out / "ray.log", "w")),
             port,
+            Path(ray_dir),
         )
     yield procs, out
-    for proc, _ in procs.values():
+    for proc, *_ in procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -137,6 +141,8 @@ def subprocess_servers(request, digits, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+    if ray_dir:
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -339,8 +345,8 @@ def test_sigterm_finishes_in_flight_then_exits(subprocess_servers):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ray_serve_two_replicas(subprocess_servers):
-    procs, out = subprocess_servers
-    proc, port = procs["ray"]
+    procs, _ = subprocess_servers
+    proc, port, ray_dir = procs["ray"]
     url = f"http://127.0.0.1:{port}"
     wait_up(url, proc, 150)
     seen, deadline = set(), time.monotonic() + 60  # the proxy answers once one replica is up: wait for both
@@ -355,7 +361,7 @@ def test_ray_serve_two_replicas(subprocess_servers):
     assert solo == replies[5].json()["images"][0]  # any replica, any batch: the same image for a seed
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-    assert list((out / "ray").glob("session_*"))  # Ray's files went where it was told
+    assert list(ray_dir.glob("session_*"))  # Ray's files went where it was told
 
 
 @pytest.mark.timeout(30)
