@@ -21,3 +21,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# The files that take longest (minutes with `make test`'s two workers) run first, so that `--dist loadfile`
+# does not leave one worker on a long file while the other has finished.
+LONGEST_FIRST = ("test_notebooks.py", "test_serving.py", "test_coexist.py", "test_quantize_static.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file and among the other files is kept

@@ -1,0 +1,96 @@
+"""Where the time of a digits ``parallel(mode=async)`` call goes, per rank: own layers, the activation
+exchange, the prediction broadcast (waiting for the slower stage included), extrapolation, the rest.
+
+Wraps AsyncState's methods with timers in the workers (a measurement aid, not part of fastdiff). Three calls
+of the digits bench batch (500 images, guidance 2, dpm++2m 20); the second call re-cuts the stages.
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_profile.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from fastdiff.parallel.launch import launch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SPECS = "scheduler(name=dpm++2m,steps=20);parallel(mode=async,devices=2,warmup=2,extrapolate=1)"
+
+
+def _timers(seconds: dict) -> None:
+    """Accumulate staged-step seconds of AsyncState's communication methods and of the layer hooks."""
+    from fastdiff.parallel import async_ as a
+
+    def timed(cls, name, key):
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, **kwargs):
+            state, start = getattr(self, "state", self), time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:  # the denoiser hook's call decides ``sequential`` as it begins: read it afterwards
+                if not state.sequential:
+                    seconds[key] += time.perf_counter() - start
+
+        setattr(cls, name, wrapper)
+
+    for name in ("_exchange", "share_prediction", "_extrapolate"):
+        timed(a.AsyncState, name, name.strip("_"))
+    timed(a.StageUnitHook, "new_forward", "own_layers")
+    timed(a.AsyncDenoiserHook, "new_forward", "staged_denoiser_calls")
+
+
+def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[list[dict]]:
+    import torch.distributed as dist
+
+    from fastdiff import FastPipeline
+
+    seconds: dict[str, float] = collections.defaultdict(float)
+    _timers(seconds)
+    fp = FastPipeline.from_pretrained(model)
+    fp.pipe.set_progress_bar_config(disable=True)
+    fp.accelerate(SPECS)
+    out = []
+    for _ in range(calls):
+        seconds.clear()
+        dist.barrier()
+        start = time.perf_counter()
+        fp(**call, output_type="np", generator=torch.Generator().manual_seed(0))
+        seconds["call"] = time.perf_counter() - start
+        seconds["rest_of_staged"] = seconds["staged_denoiser_calls"] - sum(
+            seconds[k] for k in ("own_layers", "exchange", "share_prediction", "extrapolate")
+        )
+        everyone = [None] * world
+        dist.all_gather_object(everyone, {k: round(v, 2) for k, v in seconds.items()})
+        out.append(everyone)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async_profile.json")
+    parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    args = parser.parse_args()
+    from diffusers import DiffusionPipeline
+
+    from fastdiff.eval.bench import make_inputs
+    from fastdiff.zoo.shipped import ensure_digits
+
+    model = ensure_digits(args.cache / "digits")
+    call = make_inputs(DiffusionPipeline.from_pretrained(model), 500, 2.0)
+    calls = launch(profile, 2, str(model), call, args.calls, timeout_s=1200)
+    for index, ranks in enumerate(calls):
+        print(f"call {index}:", json.dumps(ranks), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    args.out.write_text(json.dumps({"specs": SPECS, "images": 500, "calls": calls}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
