@@ -134,17 +134,18 @@ def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1, r
            pin_cores: bool | None = None):  # fmt: skip
     """Run ``fn(rank, devices, *args)`` in ``devices`` processes of one process group; rank 0's return value.
 
-    ``fn`` must be importable (a module-level function): workers start from a fork server (``start_context``). Each worker uses
-    ``threads`` torch threads and, unless ``retain_memory=False``, ``retain_freed_memory()``. Each is bound to
-    its own cores (``pin_to_cores``) when there are enough: by default only without CUDA (the ranks compute on
+    ``fn`` must be importable (a module-level function): workers start from a fork server (``start_context``).
+    Each worker uses ``threads`` torch threads and, unless ``retain_memory=False``, ``retain_freed_memory()``.
+    Each is bound to its own cores (``pin_to_cores``) when there are enough: by default only without CUDA (the ranks compute on
     the CPU); ``pin_cores=False`` never, ``True`` also with CUDA. Raises ParallelError naming the failed rank.
     """
     if not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive integer, got {devices!r}")
     with tempfile.TemporaryDirectory(prefix="fastdiff-parallel-") as tmp:
         spawn_args = (fn, devices, free_port(), timeout_s, threads, tmp, args, retain_memory, pin_cores)
+        method = start_context().get_start_method()
         context = mp.start_processes(
-            _worker, args=spawn_args, nprocs=devices, join=False, start_method=start_context()._name
+            _worker, args=spawn_args, nprocs=devices, join=False, start_method=method
         )
         try:
             while not context.join():
