@@ -31,7 +31,7 @@ import torch
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs, time_runs
 from fastdiff.eval.fidelity import psnr
-from fastdiff.parallel.async_ import _tensors
+from fastdiff.parallel.async_state import _tensors
 from fastdiff.parallel.launch import launch
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
@@ -72,7 +72,8 @@ def stage_plan(handle) -> dict:
         plan["exchanged_mb_per_step"] = megabytes(st.send[0])
         plan["stage0_outputs_mb"] = megabytes([n for n in st.order if st.owner[n] == 0])
         plan.update(stage_seconds=st.stage_costs(), boundary=[n for n in st.order if st.owner[n] == 1][0],
-                    layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)])  # fmt: skip
+                    layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)],
+                    shared_rows={n: round(f, 3) for n, (_, f) in st.split.items()}, recuts=len(st.recuts))  # fmt: skip
     return plan
 
 

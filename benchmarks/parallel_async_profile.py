@@ -1,8 +1,9 @@
 """Where the time of a digits ``parallel(mode=async)`` call goes, per rank: own layers, the activation
 exchange, the prediction broadcast (waiting for the slower stage included), extrapolation, the rest.
 
-Wraps AsyncState's methods with timers in the workers (a measurement aid, not part of fastdiff). Three calls
-of the digits bench batch (500 images, guidance 2, dpm++2m 20); the second call re-cuts the stages.
+Wraps AsyncState's methods with timers in the workers (a measurement aid, not part of fastdiff). Five calls
+of the digits bench batch (500 images, guidance 2, dpm++2m 20); from the second call on, each may re-cut the
+stages (on the previous call's staged timings) until they are balanced.
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_profile.py
 """
@@ -55,7 +56,8 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
     _timers(seconds)
     fp = FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
-    fp.accelerate(SPECS)
+    handle = fp.accelerate(SPECS)
+    state = next(h.state for h in handle.handles if "state" in h.info)
     out = []
     for _ in range(calls):
         seconds.clear()
@@ -66,15 +68,19 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
         seconds["rest_of_staged"] = seconds["staged_denoiser_calls"] - sum(
             seconds[k] for k in ("own_layers", "exchange", "share_prediction", "extrapolate")
         )
+        record = {k: round(v, 2) for k, v in seconds.items()}
+        owners = [state.owner[n] for n in state.order]
+        record.update(layers_per_stage=[owners.count(s) for s in range(world)], settled=state.settled,
+                      shared_rows={n: round(f, 3) for n, (_, f) in state.split.items()})  # fmt: skip
         everyone = [None] * world
-        dist.all_gather_object(everyone, {k: round(v, 2) for k, v in seconds.items()})
+        dist.all_gather_object(everyone, record)
         out.append(everyone)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async_profile.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
