@@ -41,8 +41,10 @@ def _timers(seconds: dict) -> None:
 
         setattr(cls, name, wrapper)
 
-    for name in ("_exchange", "share_prediction", "_extrapolate"):
+    for name in ("share_prediction", "_extrapolate"):
         timed(a.AsyncState, name, name.strip("_"))
+    for name in ("_exchange", "_collect", "_post"):  # blocking, or posted (on rank 0 inside its layers' time)
+        timed(a.AsyncState, name, "exchange")
     timed(a.StageUnitHook, "new_forward", "own_layers")
     timed(a.AsyncDenoiserHook, "new_forward", "staged_denoiser_calls")
 

@@ -119,6 +119,9 @@ def _apply_remove_and_plan(rank, world, model, call):
     )
     exchange_all = run()
     state.selective = True
+    state.overlap = False  # one blocking exchange at the start of each step instead of posted broadcasts
+    blocking = run()
+    state.overlap = True
     plan = {"settled": state.settled, "order": state.order, "owner": dict(state.owner), "split": dict(state.split),
             "stage_costs": state.stage_costs(), "send": dict(state.send)}  # fmt: skip
     # the first layer of stage 1 shared by rows with stage 0; without guidance the rows never meet, so the head
@@ -138,7 +141,7 @@ def _apply_remove_and_plan(rank, world, model, call):
             rows[key, extrapolate] = run(dict(call, guidance_scale=1.0))
     handle.remove()
     return {"before": before, "after": run(), "first": first, "first_cut": first_cut, "staged": staged,
-            "again": again, "exchange_all": exchange_all, "rows": rows,
+            "again": again, "exchange_all": exchange_all, "blocking": blocking, "rows": rows,
             "boundary_splittable": boundary in state.splittable, **plan}  # fmt: skip
 
 
@@ -170,6 +173,8 @@ def _check_apply_remove_and_plan(name, out):
         assert np.abs(sooner - later).max() > 3e-5, name  # the cuts differ: the comparison means something
     # only what stage 1 reads is exchanged, and that is all it needs: the same images as exchanging everything
     np.testing.assert_array_equal(out["staged"], out["exchange_all"], err_msg=name)
+    # outputs sent as soon as computed (received while the next stage computes): the same as exchanged at once
+    np.testing.assert_array_equal(out["staged"], out["blocking"], err_msg=name)
     assert (
         0 < len(out["send"][0]) and out["send"][1] == [n for n in out["order"] if out["owner"][n] == 1][-1:]
     )

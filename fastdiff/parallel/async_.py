@@ -7,7 +7,9 @@ first of them also records the order the layers run in and times each one. Then 
 cuts alike), stage k on rank k. From then on, at every denoiser call each rank computes only its own stage;
 every other layer returns the output its owner produced at the previous call, exchanged at the start of the
 call (one broadcast per stage but the last), so stage k consumes stage k-1's output from the previous step and
-all stages compute at once. From the second call on, the layers are cut again at the start of each call, on
+all stages compute at once. With two stages the exchange overlaps the computing: stage 0 posts each output
+that stage 1 reads as soon as it is computed (``dist.broadcast(..., async_op=True)``), stage 1 posts the
+receives at the start of its step and waits for them at the start of the next one. From the second call on, the layers are cut again at the start of each call, on
 the median times of the previous call's staged steps (each layer timed by its owner while all stages ran), until
 the stages' measured times are within 5% of each other, the cut stops changing, or three re-cuts have been made;
 that cut is then kept (a cut changes which activations are stale, so a call's image can differ from the previous
@@ -99,6 +101,8 @@ class StageUnitHook(ModelHook):
         else:
             return st.view.get(self.name, st.cache[self.name]) if st.extrapolate else st.cache[self.name]
         st.cache[self.name] = output
+        if not st.sequential:
+            st.computed(self.name)
         return output
 
     def _shared(self, forward, args, kwargs):
@@ -115,6 +119,7 @@ class StageUnitHook(ModelHook):
             part = forward(*args, **kwargs)
         if mine[0] == 0:  # glue after it runs on the rest of the rows too; its results here are not used
             st.cache[head] = part
+            st.computed(head)
             return cat_rows(part, rows_of(st.cache[self.name], st.batch, rows, None))
         earlier = st.view.get(head, st.cache[head]) if st.extrapolate else st.cache[head]
         st.cache[self.name] = output = cat_rows(earlier, part)
@@ -147,6 +152,7 @@ class AsyncDenoiserHook(ModelHook):
             output = self.fn_ref.original_forward(*args, **kwargs)
         finally:
             st.end()
+        st.computed(None)  # stage 0: whatever it has not sent yet, before the prediction's broadcast
         return st.share_prediction(output)
 
 

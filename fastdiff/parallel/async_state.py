@@ -90,6 +90,13 @@ class AsyncState:
             str, tuple[int, float]
         ] = {}  # shared unit -> (stage computing its head rows, fraction)
         self.fractional = True  # False: whole layers only (tests compare the two)
+        # two stages: stage 0 posts each output as soon as it is computed, stage 1 receives it while it computes
+        # (more stages would need a process group per sending stage to keep the collectives in one order)
+        self.overlap = stages == 2
+        self.post_now = False  # this staged step's outputs go out during it (the next step exchanges)
+        self.posted: list[
+            tuple[str, list[tuple[object, torch.Tensor]]]
+        ] = []  # (unit, [(work, flat)]) in order
 
     def stage_costs(self) -> list[float]:
         """Measured seconds per stage (the timings of the current cut)."""
@@ -119,7 +126,13 @@ class AsyncState:
             self._plan()
         elif not self.sequential and self.tuning and self.call > self.staged_call >= 0:
             self._replan()  # a later call's first staged step: every rank holds fresh outputs
-        if not self.sequential and not self.fresh and (self.index - self.warmup) % self.stride == 0:
+        if self.overlap:
+            self._collect(install=not self.sequential)
+            self.post_now = not self.sequential and (self.index + 1 - self.warmup) % self.stride == 0
+            if self.post_now and self.stage != 0:
+                for name in self._exchanged(0):
+                    self._post(name)
+        elif not self.sequential and not self.fresh and (self.index - self.warmup) % self.stride == 0:
             self._exchange()
         if not self.sequential and self.extrapolate:
             self._extrapolate()
@@ -278,6 +291,55 @@ class AsyncState:
                 for n in names:
                     self.cache[n] = map_tensors(self.cache[n], lambda t, new=new: new[id(t)])
 
+    def computed(self, name: str | None) -> None:
+        """On stage 0, in a staged step: post the outputs to send, in order, up to ``name`` (None: all the rest;
+        one that did not run this step goes from the cache, so that both ranks post the same broadcasts)."""
+        if not (self.overlap and self.post_now and self.stage == 0):
+            return
+        names = self._exchanged(0)
+        if name is not None and name not in names:
+            return
+        upto = len(names) if name is None else names.index(name) + 1
+        for pending in names[len(self.posted) : upto]:
+            self._post(pending)
+
+    def _post(self, name: str) -> None:
+        """Start the broadcast of one unit's output from stage 0 (per dtype; stage 1 posts the receive)."""
+        tensors, works = _tensors(self.cache[name]), []
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            mine = [t for t in tensors if t.dtype == dtype]
+            if self.stage == 0:  # a copy: glue code may change the output in place while it is sent
+                flat = torch.cat([t.reshape(-1) for t in mine])
+            else:
+                flat = torch.empty(sum(t.numel() for t in mine), dtype=dtype, device=mine[0].device)
+            try:
+                works.append((dist.broadcast(flat, src=self.ranks[0], group=self.group, async_op=True), flat))
+            except RuntimeError as error:
+                self._lost(error)
+        self.posted.append((name, works))
+
+    def _collect(self, install: bool) -> None:
+        """Wait for the broadcasts posted during the previous step; on stage 1 take in what arrived."""
+        for name, works in self.posted:
+            received = []
+            for work, flat in works:
+                try:
+                    work.wait()
+                except RuntimeError as error:
+                    self._lost(error)
+                received.append(flat)
+            if install and self.stage != 0:
+                tensors = _tensors(self.cache[name])
+                new = {}
+                for flat, dtype in zip(received, sorted({t.dtype for t in tensors}, key=str)):
+                    mine = [t for t in tensors if t.dtype == dtype]
+                    new.update(
+                        (id(t), part.view(t.shape))
+                        for t, part in zip(mine, flat.split([t.numel() for t in mine]))
+                    )
+                self.cache[name] = map_tensors(self.cache[name], lambda t, new=new: new[id(t)])
+        self.posted.clear()
+
     def share_prediction(self, output):
         """The last stage's prediction, on every rank."""
 
@@ -292,5 +354,8 @@ class AsyncState:
         try:
             op(tensor, group=self.group, **kwargs)
         except RuntimeError as error:  # gloo: a peer died (connection closed) or hung (timeout)
-            raise RuntimeError(f"parallel(mode=async): rank {dist.get_rank()} lost its peers at step "
-                               f"{self.context.step}: {error}") from error  # fmt: skip
+            self._lost(error)
+
+    def _lost(self, error: RuntimeError):
+        raise RuntimeError(f"parallel(mode=async): rank {dist.get_rank()} lost its peers at step "
+                           f"{self.context.step}: {error}") from error  # fmt: skip
