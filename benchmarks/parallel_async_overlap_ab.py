@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+from parallel_async_profile import digits_bench_call  # benchmarks/ is the script's directory
 
 from fastdiff.parallel.launch import launch
 
@@ -54,14 +55,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async_overlap_ab.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
-    from diffusers import DiffusionPipeline
-
-    from fastdiff.eval.bench import make_inputs
-    from fastdiff.zoo.shipped import ensure_digits
-
-    model = ensure_digits(args.cache / "digits")
-    call = make_inputs(DiffusionPipeline.from_pretrained(model), 500, 2.0)
-    result = launch(alternate, 2, str(model), call, args.pairs, timeout_s=1500)
+    result = launch(alternate, 2, *digits_bench_call(args.cache), args.pairs, timeout_s=1500)
     print(json.dumps(result), flush=True)
     RESULTS.mkdir(exist_ok=True)
     args.out.write_text(json.dumps({"specs": SPECS, "images": 500, **result}, indent=2))

@@ -80,20 +80,24 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
     return out
 
 
+def digits_bench_call(cache: Path) -> tuple[str, dict]:
+    """The shipped digits model's path and the bench call: 500 images, guidance 2."""
+    from diffusers import DiffusionPipeline
+
+    from fastdiff.eval.bench import make_inputs
+    from fastdiff.zoo.shipped import ensure_digits
+
+    model = ensure_digits(cache / "digits")
+    return str(model), make_inputs(DiffusionPipeline.from_pretrained(model), 500, 2.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async_profile.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
-    from diffusers import DiffusionPipeline
-
-    from fastdiff.eval.bench import make_inputs
-    from fastdiff.zoo.shipped import ensure_digits
-
-    model = ensure_digits(args.cache / "digits")
-    call = make_inputs(DiffusionPipeline.from_pretrained(model), 500, 2.0)
-    calls = launch(profile, 2, str(model), call, args.calls, timeout_s=1200)
+    calls = launch(profile, 2, *digits_bench_call(args.cache), args.calls, timeout_s=1200)
     for index, ranks in enumerate(calls):
         print(f"call {index}:", json.dumps(ranks), flush=True)
     RESULTS.mkdir(exist_ok=True)
