@@ -148,8 +148,10 @@ def _apply_remove_and_plan(rank, world, model, call):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_apply_remove_restores_and_the_stages_are_balanced(two_stages):
-    for name, out in two_stages[1].items():
-        _check_apply_remove_and_plan(name, out)
+    moved = [_check_apply_remove_and_plan(name, out) for name, out in two_stages[1].items()]
+    # the two whole-layer cuts differ somewhere, so the row comparison means something (a boundary layer that
+    # takes no timestep embedding gives the same images on either side: digits at some cuts)
+    assert max(moved) > 3e-5, moved
 
 
 def _check_apply_remove_and_plan(name, out):
@@ -165,12 +167,13 @@ def _check_apply_remove_and_plan(name, out):
     assert max(costs) < 0.8 * sum(costs), costs  # one-sided cuts would leave one stage nearly all the work
     assert out["boundary_splittable"], name
     # each image as under one of the two whole-layer cuts, up to the batch's rounding (measured: under 2e-6 apart,
-    # where the two cuts differ by 1e-4 to 0.1)
+    # where the two cuts differ by up to 0.1)
+    moved = 0.0
     for extrapolate in (0, 1):
         shared, later, sooner = (out["rows"][key, extrapolate] for key in ("shared", "later", "sooner"))
         np.testing.assert_allclose(shared[:1], sooner[:1], atol=1e-5, err_msg=name)
         np.testing.assert_allclose(shared[1:], later[1:], atol=1e-5, err_msg=name)
-        assert np.abs(sooner - later).max() > 3e-5, name  # the cuts differ: the comparison means something
+        moved = max(moved, float(np.abs(sooner - later).max()))
     # only what stage 1 reads is exchanged, and that is all it needs: the same images as exchanging everything
     np.testing.assert_array_equal(out["staged"], out["exchange_all"], err_msg=name)
     # outputs sent as soon as computed (received while the next stage computes): the same as exchanged at once
@@ -178,6 +181,7 @@ def _check_apply_remove_and_plan(name, out):
     assert (
         0 < len(out["send"][0]) and out["send"][1] == [n for n in out["order"] if out["owner"][n] == 1][-1:]
     )
+    return moved
 
 
 @pytest.mark.slow

@@ -70,9 +70,8 @@ class AsyncState:
         self.call, self.index, self.batch = -1, 0, None
         self.sequential = True  # the current denoiser call runs whole on every rank
         self.fresh = True  # every rank holds every unit's output of the previous call (it ran whole)
-        self.producer: dict[
-            int, str
-        ] = {}  # id of a unit's output tensor -> unit (first call, to trace reads)
+        # id of a unit's output tensor -> unit (first call, to trace reads)
+        self.producer: dict[int, str] = {}
         self.reads: dict[str, set[str]] = {}  # hooked module -> units whose outputs it took as inputs
         self.send: dict[int, list[str]] = {}  # stage -> its units whose outputs later stages read
         self.selective = True  # False: exchange every output of a stage (tests compare the two)
@@ -80,15 +79,14 @@ class AsyncState:
         self.buffers: dict[tuple[str, int], torch.Tensor] = {}  # extrapolate: where the views are written
         self.view: dict[str, object] = {}  # extrapolate: earlier stages' outputs as this stage reads them
         self.last_timestep: float | None = None  # of the previous denoiser call of this call
-        self.replan, self.planned_call = True, -1  # replan=False keeps the cut made on the warm-up timings
+        self.replan = True  # False keeps the cut made on the warm-up timings
         self.tuning = True  # own layers are timed in the staged steps; the cut may still change
         self.recuts: list[dict[str, int]] = []  # the cuts made on staged timings, in order
         self.staged_times: dict[str, list[float]] = {}  # own layers' times in the current call's staged steps
         self.staged_call = -1  # the call that ``staged_times`` were taken in
         self.splittable: set[str] = set()  # units whose inputs and outputs carry the batch first
-        self.split: dict[
-            str, tuple[int, float]
-        ] = {}  # shared unit -> (stage computing its head rows, fraction)
+        # shared unit -> (stage computing its head rows, fraction of them)
+        self.split: dict[str, tuple[int, float]] = {}
         self.fractional = True  # False: whole layers only (tests compare the two)
         # two stages: stage 0 posts each output as soon as it is computed, stage 1 receives it while it computes
         # (more stages would need a process group per sending stage to keep the collectives in one order)
@@ -189,7 +187,6 @@ class AsyncState:
         costs = torch.tensor(fastest, dtype=torch.float64)
         self._collective(dist.broadcast, costs, src=self.ranks[0])  # one timing for all: identical cuts
         self._cut(costs)
-        self.planned_call = self.call
         self.tuning = self.replan
 
     def _replan(self) -> None:
