@@ -93,17 +93,21 @@ class StageUnitHook(ModelHook):
         elif self.name in st.split and st.stage in (st.split[self.name][0], st.owner[self.name]):
             return self._shared(forward, args, kwargs)
         elif st.owner.get(self.name, st.stage) == st.stage:  # layers the plan never saw run everywhere
-            if st.tuning:
-                output = timed_call(forward, args, kwargs, st.staged_times, self.name)
-                st.staged_call = st.call
-            else:
-                output = forward(*args, **kwargs)
+            output = self._staged(forward, args, kwargs)
         else:
             return st.view.get(self.name, st.cache[self.name]) if st.extrapolate else st.cache[self.name]
         st.cache[self.name] = output
         if not st.sequential:
             st.computed(self.name)
         return output
+
+    def _staged(self, forward, args, kwargs):
+        """This rank's part of a staged step, timed while the cut may still change."""
+        st = self.state
+        if not st.tuning:
+            return forward(*args, **kwargs)
+        st.staged_call = st.call
+        return timed_call(forward, args, kwargs, st.staged_times, self.name)
 
     def _shared(self, forward, args, kwargs):
         """A unit shared by rows: the earlier stage computes the head rows on its fresh inputs (they reach the
@@ -112,11 +116,7 @@ class StageUnitHook(ModelHook):
         st, head, rows = self.state, head_key(self.name), self.state.rows(self.name)
         mine = (0, rows) if st.stage == st.split[self.name][0] else (rows, None)
         args, kwargs = rows_of((args, kwargs), st.batch, *mine)
-        if st.tuning:
-            part = timed_call(forward, args, kwargs, st.staged_times, self.name)
-            st.staged_call = st.call
-        else:
-            part = forward(*args, **kwargs)
+        part = self._staged(forward, args, kwargs)
         if mine[0] == 0:  # glue after it runs on the rest of the rows too; its results here are not used
             st.cache[head] = part
             st.computed(head)
