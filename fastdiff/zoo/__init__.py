@@ -48,4 +48,4 @@ def build(name: str, out_dir: str | Path, size: str = "test", seed: int = 0) -> 
 
 def _load_builders() -> None:
     # Importing the modules runs their @register_model decorators.
-    from fastdiff.zoo import gmm, reference, reference_sd, tiny  # noqa: F401
+    from fastdiff.zoo import gmm, gmm_flow, reference, reference_flow, reference_sd, tiny, tiny_flow  # noqa: F401

@@ -1,0 +1,1 @@
+"""The exact-velocity model: the Gaussian mixture under the flow-matching (rectified-flow) path."""
