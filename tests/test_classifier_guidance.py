@@ -139,7 +139,7 @@ def test_v_and_x0_prediction_match_epsilon(clf, prediction_type):
     assert np.abs(guided - run(FastPipeline(digits_like()))).max() > 1e-2
 
 
-@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "lcm"])
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "lcm" and not p.startswith("flow-")])
 def test_every_sampler_preset(clf, preset):
     fp = FastPipeline(digits_like(), accelerators=f"scheduler(name={preset})")
     fp.accelerate(f"classifier-guidance(path={clf},scale=10,unconditional=true)")

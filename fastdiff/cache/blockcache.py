@@ -1,4 +1,5 @@
-"""Block caching for transformer denoisers (DiT): first-block residual caching or fixed-interval reuse.
+"""Block caching for transformer denoisers (DiT, PixArt, SD3, Flux, Qwen-Image, Z-Image, Sana): first-block
+residual caching or fixed-interval reuse.
 
 ``mode=first-block`` (First Block Cache, as diffusers' ``hooks/first_block_cache.py``): block 0 always runs;
 if the relative L1 change of its residual (output - input) against the last fully computed step is at most
@@ -6,6 +7,10 @@ if the relative L1 change of its residual (output - input) against the last full
 ``mode=interval`` (FORA): every ``interval`` steps all blocks run and each block's attention and MLP outputs are
 stored; in between they are reused while the cheap timestep-dependent parts (adaLN modulation, gates,
 norms) still run. State is kept per guidance branch and cleared at the start of every call.
+
+Blocks that take and return text states beside the image states (Flux's and SD3's dual-stream blocks) are read
+through diffusers' block metadata (``fastdiff.core.models.block_io``): the residual is that of the image states,
+and a skipped block passes both through. Blocks run in the order of the model's block lists (``DenoiserFacts``).
 
 diffusers' ``apply_first_block_cache`` fails on DiTPipeline ("No cache context is set": neither the pipeline
 nor DiTTransformer2DModel sets a ``cache_context``) and keeps one whole-batch state, so the same algorithm is
@@ -32,11 +37,8 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.cache.deepcache import BranchCache
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, block_io, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-
-# Sub-layers of a transformer block whose outputs FORA reuses.
-REUSED_LAYERS = ("attn1", "attn2", "ff")
 
 
 class _State:
@@ -46,6 +48,7 @@ class _State:
         self.skip = False  # first-block: the remaining blocks are skipped in this evaluation
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
         self.caches: dict[str, BranchCache] = {}
+        self.kinds: dict[str, tuple | None] = {}  # interval: None for a tensor output, else the tuple's layout
         self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
         self.last_full = 0
@@ -54,8 +57,33 @@ class _State:
         return self.caches.setdefault(key, BranchCache())
 
 
-def _hidden(args, kwargs) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def _hidden_in(io, args, kwargs) -> torch.Tensor:
+    return io._get_parameter_from_args_kwargs(io.hidden_states_argument_name, args, kwargs)
+
+
+def _hidden_out(io, output) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[io.return_hidden_states_index]
+
+
+def _with_hidden(io, output, hidden: torch.Tensor):
+    """``output`` with its image states replaced by ``hidden``."""
+    if isinstance(output, torch.Tensor):
+        return hidden
+    parts = list(output)
+    parts[io.return_hidden_states_index] = hidden
+    return type(output)(parts)
+
+
+def _passed_through(io, args, kwargs):
+    """What a skipped block returns: its inputs, in the places its output has them."""
+    hidden = _hidden_in(io, args, kwargs)
+    if io.return_encoder_hidden_states_index is None:
+        return hidden
+    encoder = io._get_parameter_from_args_kwargs(io.encoder_hidden_states_argument_name, args, kwargs)
+    parts = [None] * (max(io.return_hidden_states_index, io.return_encoder_hidden_states_index) + 1)
+    parts[io.return_hidden_states_index] = hidden
+    parts[io.return_encoder_hidden_states_index] = encoder
+    return tuple(parts)
 
 
 class _Controller(ModelHook):
@@ -85,41 +113,41 @@ class _Controller(ModelHook):
 class _Head(ModelHook):
     """First-block mode, on block 0: measures the change of its residual and decides whether to skip the rest."""
 
-    def __init__(self, state: _State):
+    def __init__(self, state: _State, io):
         super().__init__()
-        self.state = state
+        self.state, self.io = state, io
 
     def new_forward(self, module, *args, **kwargs):
-        st = self.state
-        hidden = _hidden(args, kwargs)
+        st, io = self.state, self.io
         output = self.fn_ref.original_forward(*args, **kwargs)
-        residual = output - hidden
+        hidden = _hidden_out(io, output)
+        residual = hidden - _hidden_in(io, args, kwargs)
         head, tail = st.cache("head"), st.cache("tail")
         if head.has(st.branches) and tail.has(st.branches):
             previous = head.get(st.branches)
             change = ((residual - previous).abs().mean() / previous.abs().mean()).item()
             st.skip = change <= st.config.threshold
         if st.skip:
-            return output + tail.get(st.branches)
+            return _with_hidden(io, output, hidden + tail.get(st.branches))
         head.put(st.branches, st.step, residual)
-        st.head_output = output
+        st.head_output = hidden
         return output
 
 
 class _Rest(ModelHook):
     """First-block mode, on blocks 1..n-1: identity when skipped; the last block stores the tail residual."""
 
-    def __init__(self, state: _State, last: bool):
+    def __init__(self, state: _State, io, last: bool):
         super().__init__()
-        self.state, self.last = state, last
+        self.state, self.io, self.last = state, io, last
 
     def new_forward(self, module, *args, **kwargs):
         st = self.state
         if st.skip:
-            return _hidden(args, kwargs)
+            return _passed_through(self.io, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if self.last:
-            st.cache("tail").put(st.branches, st.step, output - st.head_output)
+            st.cache("tail").put(st.branches, st.step, _hidden_out(self.io, output) - st.head_output)
         return output
 
 
@@ -133,9 +161,19 @@ class _Reuse(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         st = self.state
         if st.reuse:
-            return st.cache(self.key).get(st.branches)
+            stored = st.kinds[self.key]  # a tensor, or a tuple of tensors and Nones (joint attention)
+            if stored is None:
+                return st.cache(self.key).get(st.branches)
+            return tuple(None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored)
         output = self.fn_ref.original_forward(*args, **kwargs)
-        st.cache(self.key).put(st.branches, st.step, output)
+        if isinstance(output, torch.Tensor):
+            st.kinds[self.key] = None
+            st.cache(self.key).put(st.branches, st.step, output)
+        else:
+            st.kinds[self.key] = tuple((i, t) for i, t in enumerate(output))
+            for i, t in enumerate(output):
+                if t is not None:
+                    st.cache(f"{self.key}.{i}").put(st.branches, st.step, t)
         return output
 
 
@@ -175,7 +213,7 @@ class BlockCache(Accelerator):
                 f"blockcache needs a transformer denoiser; {type(model).__name__} is a {facts.family} "
                 "(use deepcache for UNets)"
             )
-        blocks = list(getattr(model, facts.blocks[0]))
+        blocks = [b for name in facts.blocks for b in getattr(model, name)]
         if self.mode == "first-block" and len(blocks) < 2:
             raise UnsupportedModelError(
                 f"blockcache(mode=first-block) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
@@ -183,11 +221,18 @@ class BlockCache(Accelerator):
         state = _State(self, fp.context)
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode == "first-block":
-            targets.append((blocks[0], _Head(state)))
-            targets += [(b, _Rest(state, last=i == len(blocks) - 1)) for i, b in enumerate(blocks) if i > 0]
+            targets.append((blocks[0], _Head(state, block_io(blocks[0]))))
+            targets += [
+                (b, _Rest(state, block_io(b), last=i == len(blocks) - 1)) for i, b in enumerate(blocks) if i > 0
+            ]
         else:
             for i, block in enumerate(blocks):
-                for name in REUSED_LAYERS:
+                names = REUSABLE_LAYERS.get(type(block).__name__)
+                if names is None:
+                    raise UnsupportedModelError(
+                        f"blockcache(mode=interval) has no reusable layers for {type(block).__name__}"
+                    )
+                for name in names:
                     layer = getattr(block, name, None)
                     if layer is not None:
                         targets.append((layer, _Reuse(state, f"{i}.{name}")))

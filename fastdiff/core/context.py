@@ -41,6 +41,9 @@ class StepContext:
     cfg_layout: tuple[str, ...] = ("uncond", "cond")  # branch order of a CFG batch (model fact)
     branches: tuple[str, ...] = ("cond",)  # branch of each equal chunk of the current denoiser batch
     branch_batch: int = 0  # images per branch, from the first denoiser call of this call
+    cfg_sequence: tuple[str, ...] = ()  # branch of the k-th denoiser call of a step (separate-call guidance)
+    step_calls: int = 0  # denoiser calls seen so far in the current step
+    calls_step: int = -1  # the step step_calls counts
     denoiser_calls: int = 0  # denoiser calls seen in this call (skipped ones included)
     nfe: int = 0  # denoiser forward evaluations in this call
     total_nfe: int = 0  # over the wrapper's lifetime
@@ -53,12 +56,27 @@ class StepContext:
         """Fraction of the trajectory done before the current step, in [0, 1)."""
         return min(self.step / self.num_steps, 1.0) if self.num_steps else 0.0
 
-    def begin_call(self, cfg: bool, cfg_layout: tuple[str, ...]) -> None:
+    def begin_call(self, cfg: bool, cfg_layout: tuple[str, ...], cfg_sequence: tuple[str, ...] = ()) -> None:
         self.call_index += 1
         self.step, self.num_steps, self.nfe, self.timestep = 0, 0, 0, None
-        self.denoiser_calls, self.branch_batch = 0, 0
-        self.cfg, self.cfg_layout = cfg, cfg_layout
+        self.denoiser_calls, self.branch_batch, self.step_calls, self.calls_step = 0, 0, 0, -1
+        self.cfg, self.cfg_layout, self.cfg_sequence = cfg, cfg_layout, cfg_sequence
         self.branches = cfg_layout if cfg else ("cond",)
+
+    def next_call_branches(self, batch: int | None) -> tuple[str, ...]:
+        """Branches of the denoiser call now starting; counts it among this step's calls.
+
+        A batch holding every branch of the guidance layout is that layout; otherwise the first call of a step
+        is ``cond`` and a later one is the next of ``cfg_sequence`` (Flux's true CFG: ``uncond``), or a branch
+        of its own (``call2`` ...: SD3's skip-layer guidance) so that no cache mixes it with another.
+        """
+        if self.calls_step != self.step:
+            self.calls_step, self.step_calls = self.step, 0
+        k, self.step_calls = self.step_calls, self.step_calls + 1
+        branches = self.branches_for(batch)
+        if k and branches == ("cond",):
+            return (self.cfg_sequence[k],) if k < len(self.cfg_sequence) else (f"call{k}",)
+        return branches
 
     def branches_for(self, batch: int | None) -> tuple[str, ...]:
         """Branch layout of a denoiser batch: the guidance layout when it holds every branch, else ``cond``."""
@@ -100,7 +118,7 @@ class ContextHook(ModelHook):
             if batch is not None:
                 ctx.branch_batch = batch // len(ctx.cfg_layout) if ctx.cfg else batch
         ctx.denoiser_calls += 1
-        ctx.branches = ctx.branches_for(batch)
+        ctx.branches = ctx.next_call_branches(batch)
         return args, kwargs
 
 

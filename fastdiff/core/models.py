@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fastdiff.core.registry import AcceleratorError
 
-class UnsupportedModelError(ValueError):
-    """The accelerator has no facts for this model."""
+
+class UnsupportedModelError(AcceleratorError):
+    """The accelerator has no facts for this model, or the model cannot take it (an ``AcceleratorError``)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,13 @@ class PipelineFacts:
     num_classes: int = 0  # labels a benchmark cycles through (class-conditional models)
     image_inputs: tuple[str, ...] = ()  # call arguments that take images (init image, mask, control image)
     prompt_embeds: tuple[str, ...] = ()  # call arguments taking encode_prompt's outputs (stage pipelining)
+    # branch of each denoiser call within one step when guidance runs the branches as separate calls (Flux's
+    # and Qwen-Image's true CFG); the first call of a step is cond, a second one uncond
+    cfg_sequence: tuple[str, ...] = ()
+    guidance_arg: str = "guidance_scale"  # the call argument that turns classifier-free guidance on
+    passes_sigmas: bool = False  # passes its own sigmas to set_timesteps (schedulers without them fail)
+    family: str = ""  # model family named in refusals (empty: the pipeline class name says it)
+    cfg_above: float = 1.0  # guidance runs when the guidance argument exceeds this (Z-Image: 0)
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5)
@@ -57,6 +66,36 @@ PIPELINES: dict[str, PipelineFacts] = {
     "ClassConditionalPipeline": PipelineFacts("class_labels", ("uncond", "cond"), 1.0, 500, num_classes=10),
     "GMMPipeline": PipelineFacts("batch_size", default_batch=256),
 }  # fmt: skip
+
+# Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
+# (true_cfg_scale > 1 with a negative prompt) runs a second, uncond call per step, as Qwen-Image does.
+_FLUX = PipelineFacts("prompt", (), 3.5, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
+                      passes_sigmas=True, family="Flux")
+_SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
+_QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
+                      passes_sigmas=True, family="Qwen-Image")
+_FLOW_VARIANTS = {
+    "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas=False),  # drops its sigmas for flow-sigma solvers
+    "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",)),
+    "FluxInpaintPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
+    "FluxControlNetPipeline": dataclasses.replace(_FLUX, image_inputs=("control_image",)),
+    "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
+    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, family="Flux.2"),
+    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), family="Flux.2"),
+    "StableDiffusion3Pipeline": _SD3,
+    "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",)),
+    "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image")),
+    "StableDiffusion3ControlNetPipeline": dataclasses.replace(_SD3, image_inputs=("control_image",)),
+    "QwenImagePipeline": _QWEN,
+    "QwenImageImg2ImgPipeline": dataclasses.replace(_QWEN, image_inputs=("image",)),
+    "QwenImageInpaintPipeline": dataclasses.replace(_QWEN, image_inputs=("image", "mask_image")),
+    "ZImagePipeline": PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0),
+    "ZImageImg2ImgPipeline": PipelineFacts("prompt", ("cond", "uncond"), 5.0, image_inputs=("image",),
+                                           family="Z-Image", cfg_above=0.0),
+    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana"),
+    "PixArtSigmaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma"),
+}  # fmt: skip
+PIPELINES.update(_FLOW_VARIANTS)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
     PIPELINES["StableDiffusionPipeline"], prompt_embeds=("prompt_embeds", "negative_prompt_embeds")
 )
@@ -90,10 +129,28 @@ def cfg_enabled(pipe, call_kwargs: dict) -> bool:
     facts = PIPELINES.get(type(pipe).__name__)
     if facts is None or not facts.cfg_layout:
         return False
-    scale = call_kwargs.get("guidance_scale", facts.default_guidance)
+    scale = call_kwargs.get(facts.guidance_arg, facts.default_guidance)
     _, denoiser = find_denoiser(pipe)
     # An LCM-distilled UNet takes guidance as an embedding instead of a batched branch.
-    return scale > 1 and getattr(denoiser.config, "time_cond_proj_dim", None) is None
+    return scale > facts.cfg_above and getattr(denoiser.config, "time_cond_proj_dim", None) is None
+
+
+def family_name(pipe) -> str:
+    """The model family a refusal names: the pipeline facts' family, else the pipeline class."""
+    facts = PIPELINES.get(type(pipe).__name__)
+    return (facts.family if facts else "") or type(pipe).__name__
+
+
+def model_prediction(scheduler) -> str:
+    """What the denoiser predicts, from the scheduler it was trained with: flow, epsilon, v_prediction or sample.
+
+    Flow-matching schedulers (``FlowMatch*``) and solvers configured with ``prediction_type="flow_prediction"``
+    mean flow velocity; otherwise the scheduler's ``prediction_type`` (diffusers' default: epsilon).
+    """
+    config = scheduler.config
+    if type(scheduler).__name__.startswith("FlowMatch") or config.get("prediction_type") == "flow_prediction":
+        return "flow"
+    return config.get("prediction_type") or "epsilon"
 
 
 @dataclass(frozen=True)
@@ -130,7 +187,43 @@ DENOISERS: dict[str, DenoiserFacts] = {
         ("BasicTransformerBlock",),
         ("pos_embed", "transformer_blocks.*", "proj_out_2"),
     ),
+    # Flow-matching transformers: dual-stream (text and image) blocks, then single-stream ones (Flux).
+    "FluxTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks", "single_transformer_blocks")),
+    "Flux2Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks", "single_transformer_blocks")),
+    "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "ZImageTransformer2DModel": DenoiserFacts("transformer", ("layers",)),
+    "SanaTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "PixArtTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), ("BasicTransformerBlock",)),
 }
+
+# Sub-layers of each block class whose outputs fixed-interval block caching (FORA) may reuse: attention and MLPs.
+REUSABLE_LAYERS: dict[str, tuple[str, ...]] = {
+    "BasicTransformerBlock": ("attn1", "attn2", "ff"),
+    "FluxTransformerBlock": ("attn", "ff", "ff_context"),
+    "FluxSingleTransformerBlock": ("attn", "proj_mlp"),
+    "Flux2TransformerBlock": ("attn", "ff", "ff_context"),
+    "Flux2SingleTransformerBlock": ("attn",),
+    "JointTransformerBlock": ("attn", "attn2", "ff", "ff_context"),
+    "QwenImageTransformerBlock": ("attn", "img_mlp", "txt_mlp"),
+    "ZImageTransformerBlock": ("attention", "feed_forward"),
+    "SanaTransformerBlock": ("attn1", "attn2", "ff"),
+}
+
+
+def block_io(block):
+    """diffusers' ``TransformerBlockMetadata`` of a block: where its hidden (and text) states go in and come out.
+
+    diffusers keeps these for the blocks its own caches support; blocks it lacks are described here.
+    """
+    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+
+    try:
+        return TransformerBlockRegistry.get(type(block))
+    except ValueError:
+        if type(block).__name__ != "SanaTransformerBlock":
+            raise UnsupportedModelError(f"no block facts for {type(block).__name__}") from None
+        return TransformerBlockMetadata(return_hidden_states_index=0, _cls=type(block))
 
 
 def denoiser_facts(module, accelerator: str) -> DenoiserFacts:

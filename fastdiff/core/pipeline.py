@@ -226,7 +226,9 @@ class FastPipeline:
         if self._active:
             self._preflight()
         facts = PIPELINES.get(type(self.pipe).__name__)
-        self.context.begin_call(cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else ())
+        self.context.begin_call(
+            cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else (), facts.cfg_sequence if facts else ()
+        )
         scheduler = self.pipe.scheduler
         sync = step_sync(self.pipe.device)  # XLA: cut the lazy graph at every step boundary
         shadowed = scheduler.__dict__.get("step")
@@ -282,6 +284,8 @@ class FastPipeline:
         vae_factor = getattr(self.pipe, "vae_scale_factor", 1) or 1
         blocks = getattr(self.denoiser.config, "block_out_channels", None)
         patch = getattr(self.denoiser.config, "patch_size", None) or 1
+        if isinstance(patch, (tuple, list)):  # video transformers patch (frames, height, width): Wan
+            patch = max(patch[-2:])
         return int(vae_factor * (2 ** (len(blocks) - 1) if blocks else patch))
 
     # -- pass-through -------------------------------------------------------------------------------------

@@ -23,5 +23,7 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 def batch_size_of(args: tuple, kwargs: dict) -> int | None:
     """Batch size of a denoiser call: the first dimension of the sample (first argument or ``sample=``)."""
-    sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+    sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states", kwargs.get("x")))
+    if isinstance(sample, list) and sample and all(isinstance(s, torch.Tensor) for s in sample):
+        return len(sample)  # Z-Image takes its batch as a list of per-image latents
     return sample.shape[0] if isinstance(sample, torch.Tensor) and sample.dim() else None

@@ -4,6 +4,10 @@ The new scheduler keeps the model's betas and prediction type (``from_config`` o
 below are set on top. ``steps`` becomes the default ``num_inference_steps``. ``remove()`` puts the original
 scheduler object back.
 
+Flow-matching models (SD3, Flux, Qwen-Image, Z-Image, Sana) predict a velocity, not noise: they take the
+``flow-*`` presets, which carry the model's shift (or its resolution-dependent dynamic shifting) over, and
+every other preset is refused on them, as the ``flow-*`` presets are on noise-predicting models.
+
 Example::
 
     fp.accelerate("scheduler(name=unipc,steps=10)")
@@ -13,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import warnings
 from dataclasses import dataclass
@@ -21,6 +26,7 @@ from typing import Literal
 import diffusers
 
 from fastdiff.core.hooks import Handle, HandleGroup
+from fastdiff.core.models import PIPELINES
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 _TRAILING = {"timestep_spacing": "trailing"}
@@ -57,14 +63,34 @@ PRESETS: dict[str, tuple[str, dict, str]] = {
     "unipc": ("UniPCMultistepScheduler", _TRAILING, "predictor-corrector; best at 5-10 steps"),
     "deis": ("DEISMultistepScheduler", _TRAILING, "exponential integrator; 10-20 steps"),
     "lcm": ("LCMScheduler", {}, "only for LCM-distilled models; 1-8 steps"),
+    "flow-euler": ("FlowMatchEulerDiscreteScheduler", {}, "flow models' own Euler; 28-50 steps"),
+    "flow-heun": ("FlowMatchHeunDiscreteScheduler", {}, "2nd order flow Euler, 2 NFE per step"),
+    "flow-dpm++2m": (
+        "DPMSolverMultistepScheduler",
+        {**_DPM, "prediction_type": "flow_prediction", "use_flow_sigmas": True},
+        "DPM-Solver++ 2M on flow sigmas; 10-20 steps",
+    ),
+    "flow-unipc": (
+        "UniPCMultistepScheduler",
+        {"prediction_type": "flow_prediction", "use_flow_sigmas": True},
+        "UniPC on flow sigmas; 5-10 steps",
+    ),
 }
+FLOW_PRESETS = frozenset(name for name in PRESETS if name.startswith("flow-"))
+
+# What a flow model was trained with (shift and dynamic shifting); the pipeline reads the *_shift / *_seq_len keys
+# from the scheduler's config to compute the dynamic shift, so they travel even to classes that do not declare them.
+FLOW_KEYS = (
+    "num_train_timesteps", "use_dynamic_shifting", "base_shift", "max_shift", "base_image_seq_len",
+    "max_image_seq_len", "time_shift_type", "shift_terminal",
+)  # fmt: skip
 
 # Presets that fail on torch-xla devices: torchsde's BrownianTree refuses the XLA device type.
 NOT_ON_XLA = frozenset({"dpm++sde"})
 
 PresetName = Literal[
     "ddim", "ddpm", "pndm", "euler", "euler-a", "heun", "dpm++2m", "dpm++2m-karras", "dpm++2m-sde",
-    "dpm++sde", "unipc", "deis", "lcm",
+    "dpm++sde", "unipc", "deis", "lcm", "flow-euler", "flow-heun", "flow-dpm++2m", "flow-unipc",
 ]  # fmt: skip
 
 
@@ -73,7 +99,7 @@ def make_scheduler(name: str, config) -> object:
     if name not in PRESETS:
         raise AcceleratorError(f"unknown scheduler preset {name!r}; choose one of {', '.join(PRESETS)}")
     cls_name, flags, _ = PRESETS[name]
-    config = explicit_config(config, cls_name)
+    config = flow_config(config, cls_name) if name in FLOW_PRESETS else explicit_config(config, cls_name)
     key = (
         name,
         json.dumps(config, sort_keys=True, default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v)),
@@ -115,6 +141,38 @@ def explicit_config(config, target: str | None = None) -> dict:
     return {key: value for key, value in config.items() if key != "_use_default_values" and keep(key)}
 
 
+def flow_config(config, target: str) -> dict:
+    """A flow model's scheduler settings for class ``target``: its shift (``shift`` in the FlowMatch classes,
+    ``flow_shift`` in DPM-Solver and UniPC) and dynamic-shifting keys."""
+    config = dict(config)
+    shift = config["shift"] if "shift" in config else config.get("flow_shift", 1.0)
+    out = {key: config[key] for key in FLOW_KEYS if config.get(key) is not None}
+    out["shift" if target.startswith("FlowMatch") else "flow_shift"] = shift
+    if out.get("use_dynamic_shifting") and out.get("time_shift_type", "exponential") != "exponential":
+        if not target.startswith("FlowMatch"):
+            raise AcceleratorError(
+                f"{target} shifts only exponentially; this model's dynamic shifting is {out['time_shift_type']} "
+                "(use flow-euler)"
+            )
+    return out
+
+
+def check_prediction(preset: str, scheduler, fp) -> None:
+    """Refuse a preset whose solver assumes another model output than the model's (flow velocity vs noise)."""
+    from fastdiff.core.models import family_name, model_prediction
+
+    predicts = model_prediction(scheduler)
+    flow = preset in FLOW_PRESETS
+    if flow != (predicts == "flow"):
+        others = sorted(FLOW_PRESETS) if predicts == "flow" else sorted(set(PRESETS) - FLOW_PRESETS)
+        wants = "flow velocity" if flow else "noise, v or sample (a DDPM-style model)"
+        raise AcceleratorError(
+            f"scheduler(name={preset}) solves for a model that predicts {wants}, but the {family_name(fp.pipe)} "
+            f"model's {type(fp.denoiser).__name__} predicts {predicts} (its scheduler: "
+            f"{type(scheduler).__name__}); presets for it: {', '.join(others)}"
+        )
+
+
 @register
 @dataclass(frozen=True)
 class Scheduler(Accelerator):
@@ -141,6 +199,15 @@ class Scheduler(Accelerator):
     def apply(self, fp) -> Handle:
         pipe = fp.pipe
         original = pipe.scheduler
+        check_prediction(self.name, original, fp)
+        cls_name = PRESETS[self.name][0]
+        facts = PIPELINES.get(type(pipe).__name__)
+        takes_sigmas = "sigmas" in inspect.signature(getattr(diffusers, cls_name).set_timesteps).parameters
+        if facts is not None and facts.passes_sigmas and not takes_sigmas:
+            raise AcceleratorError(
+                f"scheduler(name={self.name}): {type(pipe).__name__} passes its own sigmas to the scheduler, "
+                f"which {cls_name} cannot take; use flow-euler or flow-unipc"
+            )
         if self.name == "lcm" and getattr(fp.denoiser.config, "time_cond_proj_dim", None) is None:
             warnings.warn(
                 "scheduler(name=lcm) expects an LCM-distilled model (time_cond_proj_dim set); "
