@@ -51,8 +51,12 @@ def test_wrapper_output_equals_raw_pipeline(pipes):
 def test_every_family_runs_every_preset(pipes, family, preset):
     fp = FastPipeline(pipes[family])
     original = fp.pipe.scheduler
-    if preset in FLOW_PRESETS:  # these noise-predicting models refuse the flow solvers before anything changes
-        with pytest.raises(AcceleratorError, match=f"name={re.escape(preset)}.*flow velocity.*predicts epsilon"):
+    if (
+        preset in FLOW_PRESETS
+    ):  # these noise-predicting models refuse the flow solvers before anything changes
+        with pytest.raises(
+            AcceleratorError, match=f"name={re.escape(preset)}.*flow velocity.*predicts epsilon"
+        ):
             fp.accelerate(f"scheduler(name={preset},steps=2)")
         assert fp.pipe.scheduler is original and not fp.accelerators
         return

@@ -48,7 +48,9 @@ class _State:
         self.skip = False  # first-block: the remaining blocks are skipped in this evaluation
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
         self.caches: dict[str, BranchCache] = {}
-        self.kinds: dict[str, tuple | None] = {}  # interval: None for a tensor output, else the tuple's layout
+        self.kinds: dict[
+            str, tuple | None
+        ] = {}  # interval: None for a tensor output, else the tuple's layout
         self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
         self.last_full = 0
@@ -164,7 +166,9 @@ class _Reuse(ModelHook):
             stored = st.kinds[self.key]  # a tensor, or a tuple of tensors and Nones (joint attention)
             if stored is None:
                 return st.cache(self.key).get(st.branches)
-            return tuple(None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored)
+            return tuple(
+                None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored
+            )
         output = self.fn_ref.original_forward(*args, **kwargs)
         if isinstance(output, torch.Tensor):
             st.kinds[self.key] = None
@@ -223,7 +227,9 @@ class BlockCache(Accelerator):
         if self.mode == "first-block":
             targets.append((blocks[0], _Head(state, block_io(blocks[0]))))
             targets += [
-                (b, _Rest(state, block_io(b), last=i == len(blocks) - 1)) for i, b in enumerate(blocks) if i > 0
+                (b, _Rest(state, block_io(b), last=i == len(blocks) - 1))
+                for i, b in enumerate(blocks)
+                if i > 0
             ]
         else:
             for i, block in enumerate(blocks):

@@ -30,7 +30,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import denoiser_facts
+from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 _SEED = 0  # the dst choice is reseeded with this at the start of every pipeline call
@@ -297,6 +297,12 @@ class ToMe(Accelerator):
     def apply(self, fp) -> Handle:
         denoiser = fp.denoiser
         facts = denoiser_facts(denoiser, "tome")
+        if not facts.attention_blocks:
+            raise UnsupportedModelError(
+                f"tome does not support {type(denoiser).__name__}: its blocks attend jointly over text and image "
+                "tokens (or through linear attention), and token merging here covers the self-attention of "
+                "UNets and of BasicTransformerBlock stacks (DiT, PixArt); use blockcache or forecast instead"
+            )
         patch = getattr(denoiser.config, "patch_size", None) or 1
         state = _State(self, fp.context, patch)
         levels = unet_levels(denoiser) if facts.family == "unet" else {}

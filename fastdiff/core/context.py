@@ -81,7 +81,9 @@ class StepContext:
     def branches_for(self, batch: int | None) -> tuple[str, ...]:
         """Branch layout of a denoiser batch: the guidance layout when it holds every branch, else ``cond``."""
         layout = self.cfg_layout
-        if batch is None or not layout or not self.branch_batch:
+        if not layout:
+            return ("cond",)
+        if batch is None or not self.branch_batch:
             return self.branches
         return layout if batch == self.branch_batch * len(layout) else ("cond",)
 

@@ -36,7 +36,9 @@ class PipelineFacts:
     # and Qwen-Image's true CFG); the first call of a step is cond, a second one uncond
     cfg_sequence: tuple[str, ...] = ()
     guidance_arg: str = "guidance_scale"  # the call argument that turns classifier-free guidance on
-    passes_sigmas: bool = False  # passes its own sigmas to set_timesteps (schedulers without them fail)
+    # passes its own sigmas to set_timesteps (schedulers that take none fail): "always", or "unless-flow-sigmas"
+    # (Flux, Flux.2: not to a solver configured with use_flow_sigmas); "" = never
+    passes_sigmas: str = ""
     family: str = ""  # model family named in refusals (empty: the pipeline class name says it)
     cfg_above: float = 1.0  # guidance runs when the guidance argument exceeds this (Z-Image: 0)
 
@@ -69,19 +71,34 @@ PIPELINES: dict[str, PipelineFacts] = {
 
 # Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
 # (true_cfg_scale > 1 with a negative prompt) runs a second, uncond call per step, as Qwen-Image does.
-_FLUX = PipelineFacts("prompt", (), 3.5, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas=True, family="Flux")
+_FLUX = PipelineFacts(
+    "prompt",
+    (),
+    3.5,
+    cfg_sequence=("cond", "uncond"),
+    guidance_arg="true_cfg_scale",
+    passes_sigmas="always",
+    family="Flux",
+)
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
-_QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas=True, family="Qwen-Image")
+_QWEN = PipelineFacts(
+    "prompt",
+    (),
+    4.0,
+    cfg_sequence=("cond", "uncond"),
+    guidance_arg="true_cfg_scale",
+    passes_sigmas="always",
+    family="Qwen-Image",
+)
 _FLOW_VARIANTS = {
-    "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas=False),  # drops its sigmas for flow-sigma solvers
+    "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
     "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",)),
     "FluxInpaintPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
     "FluxControlNetPipeline": dataclasses.replace(_FLUX, image_inputs=("control_image",)),
     "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
-    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, family="Flux.2"),
-    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), family="Flux.2"),
+    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", family="Flux.2"),
+    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"),
+                                        passes_sigmas="unless-flow-sigmas", family="Flux.2"),
     "StableDiffusion3Pipeline": _SD3,
     "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",)),
     "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image")),
@@ -153,6 +170,20 @@ def model_prediction(scheduler) -> str:
     return config.get("prediction_type") or "epsilon"
 
 
+NOISE_PREDICTIONS = ("epsilon", "v_prediction", "sample")
+
+
+def require_prediction(fp, who: str, allowed: tuple[str, ...] = NOISE_PREDICTIONS) -> str:
+    """The model's prediction (``model_prediction`` of the pipeline's scheduler), or a refusal naming ``who``."""
+    predicts = model_prediction(fp.pipe.scheduler)
+    if predicts not in allowed:
+        raise UnsupportedModelError(
+            f"{who} needs a model that predicts {' or '.join(allowed)}; the {family_name(fp.pipe)} model's "
+            f"{type(fp.denoiser).__name__} predicts {predicts} (its scheduler: {type(fp.pipe.scheduler).__name__})"
+        )
+    return predicts
+
+
 @dataclass(frozen=True)
 class DenoiserFacts:
     family: str  # "unet" (down/mid/up blocks with skips) or "transformer" (a stack of blocks)
@@ -188,13 +219,19 @@ DENOISERS: dict[str, DenoiserFacts] = {
         ("pos_embed", "transformer_blocks.*", "proj_out_2"),
     ),
     # Flow-matching transformers: dual-stream (text and image) blocks, then single-stream ones (Flux).
-    "FluxTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks", "single_transformer_blocks")),
-    "Flux2Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks", "single_transformer_blocks")),
+    "FluxTransformer2DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks", "single_transformer_blocks")
+    ),
+    "Flux2Transformer2DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks", "single_transformer_blocks")
+    ),
     "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
     "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
     "ZImageTransformer2DModel": DenoiserFacts("transformer", ("layers",)),
     "SanaTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
-    "PixArtTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), ("BasicTransformerBlock",)),
+    "PixArtTransformer2DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks",), ("BasicTransformerBlock",)
+    ),
 }
 
 # Sub-layers of each block class whose outputs fixed-interval block caching (FORA) may reuse: attention and MLPs.

@@ -227,7 +227,9 @@ class FastPipeline:
             self._preflight()
         facts = PIPELINES.get(type(self.pipe).__name__)
         self.context.begin_call(
-            cfg_enabled(self.pipe, kwargs), facts.cfg_layout if facts else (), facts.cfg_sequence if facts else ()
+            cfg_enabled(self.pipe, kwargs),
+            facts.cfg_layout if facts else (),
+            facts.cfg_sequence if facts else (),
         )
         scheduler = self.pipe.scheduler
         sync = step_sync(self.pipe.device)  # XLA: cut the lazy graph at every step boundary

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastdiff.core.hooks import Handle, HandleGroup
-from fastdiff.core.models import adapter_layout
+from fastdiff.core.models import adapter_layout, require_prediction
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
 
@@ -56,6 +56,7 @@ class LcmLora(DistilledAccelerator):
 
         from fastdiff.schedulers.presets import explicit_config
 
+        require_prediction(fp, "lcm-lora")  # LCMScheduler's consistency step is a noise-schedule one
         info = self.manifest()
         den, pipe = fp.denoiser, fp.pipe
         if adapter_layout(den):

@@ -38,7 +38,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, install_hook
-from fastdiff.core.models import pipeline_facts
+from fastdiff.core.models import model_prediction, pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 HOOK_NAME = "fastdiff.student-guidance"
@@ -97,6 +97,11 @@ class Student(DistilledAccelerator):
         den, pipe = fp.denoiser, fp.pipe
         weights = _student_weights(den, folder / fp.denoiser_name, self.path)
         scheduler = _load_scheduler(folder / "scheduler", pipe.scheduler, SchedulerMixin, self.path)
+        if model_prediction(scheduler) != model_prediction(pipe.scheduler):
+            raise AcceleratorError(
+                f"student: the student at {self.path} predicts {model_prediction(scheduler)}, this "
+                f"{type(den).__name__} {model_prediction(pipe.scheduler)}; distil one from this model"
+            )
         original = {name: tensor.detach().clone() for name, tensor in den.state_dict().items()}
         original_scheduler = pipe.scheduler
 

@@ -44,6 +44,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, install_hook
+from fastdiff.core.models import require_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.guidance.noisy_classifier import (
     NoisyClassifierError,
@@ -234,6 +235,7 @@ class ClassifierGuidance(Accelerator):
 
     def apply(self, fp) -> Handle:
         name = self.spec_name
+        require_prediction(fp, name, PREDICTIONS)  # the gradient's shift is derived for noise-schedule models
         try:
             classifier, report = load_noisy_classifier(self.path)
         except NoisyClassifierError as exc:
@@ -254,11 +256,6 @@ class ClassifierGuidance(Accelerator):
             raise AcceleratorError(
                 f"{name}: the classifier was trained for noise schedule {trained}, the pipeline uses "
                 f"{schedule_of(current)}; train one for this model"
-            )
-        prediction = fp.pipe.scheduler.config.get("prediction_type", "epsilon")
-        if prediction not in PREDICTIONS:
-            raise AcceleratorError(
-                f"{name}: prediction type {prediction!r} not supported; allowed: {', '.join(PREDICTIONS)}"
             )
         null_class = getattr(fp.pipe, "null_class", None)
         if self.unconditional and null_class is None:

@@ -44,6 +44,7 @@ class CFGIntervalHook(ModelHook):
     def __init__(self, context, start: float, end: float):
         super().__init__()
         self.context, self.start, self.end = context, start, end
+        self.cond = (None, None)  # ((call, step), output) of the last separate cond call
 
     def new_forward(self, module, *args, **kwargs):
         ctx = self.context
@@ -51,6 +52,13 @@ class CFGIntervalHook(ModelHook):
         branches = ctx.branches
         batch = batch_size_of(args, kwargs)
         guided = self.start <= ctx.progress < self.end
+        if ctx.cfg_sequence and len(branches) == 1:  # guidance branches as separate calls
+            when = (ctx.call_index, ctx.step)
+            if not guided and branches == ("uncond",) and self.cond[0] == when:
+                return self.cond[1]
+            output = forward(*args, **kwargs)
+            self.cond = (when, output) if branches == ("cond",) else (None, None)
+            return output
         if guided or not ctx.cfg or "cond" not in branches or len(branches) < 2 or batch is None:
             return forward(*args, **kwargs)
         if batch % len(branches):
@@ -100,10 +108,11 @@ class CFGInterval(Accelerator):
 
     def apply(self, fp) -> Handle:
         facts = pipeline_facts(fp.pipe)
-        if "cond" not in facts.cfg_layout:
+        if "cond" not in facts.cfg_layout + facts.cfg_sequence:
+            guided = sorted(n for n, f in PIPELINES.items() if "cond" in f.cfg_layout + f.cfg_sequence)
             raise UnsupportedModelError(
                 f"cfg-interval needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} has "
-                f"none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if 'cond' in f.cfg_layout))})"
+                f"none (supported: {', '.join(guided)})"
             )
         return install_hook(
             fp.denoiser, CFGIntervalHook(fp.context, self.start, self.end), HOOK_NAME, fp.context

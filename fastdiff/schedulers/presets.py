@@ -109,7 +109,12 @@ def make_scheduler(name: str, config) -> object:
         # request builds the same schedulers again and again, so build each once and hand out copies
         if len(_PROTOTYPES) >= 64:
             _PROTOTYPES.clear()
-        _PROTOTYPES[key] = getattr(diffusers, cls_name).from_config(config, **flags)
+        verbosity = diffusers.utils.logging.get_verbosity()
+        diffusers.utils.logging.set_verbosity_error()  # a flow model's shift keys are kept on purpose
+        try:
+            _PROTOTYPES[key] = getattr(diffusers, cls_name).from_config(config, **flags)
+        finally:
+            diffusers.utils.logging.set_verbosity(verbosity)
     return copy.deepcopy(_PROTOTYPES[key])
 
 
@@ -173,6 +178,36 @@ def check_prediction(preset: str, scheduler, fp) -> None:
         )
 
 
+def check_sigmas(preset: str, pipe, scheduler) -> None:
+    """Refuse a preset that cannot take the sigmas the pipeline passes, or the model's dynamic shifting."""
+    facts = PIPELINES.get(type(pipe).__name__)
+    passes = facts.passes_sigmas if facts else ""
+    if not _takes_passed_sigmas(preset, passes):
+        able = [n for n in sorted(FLOW_PRESETS) if _takes_passed_sigmas(n, passes)]
+        raise AcceleratorError(
+            f"scheduler(name={preset}): {type(pipe).__name__} passes its own sigmas to the scheduler, which "
+            f"{PRESETS[preset][0]} cannot take; use one of: {', '.join(able)}"
+        )
+    cls_name = PRESETS[preset][0]
+    dynamic = scheduler.config.get("use_dynamic_shifting")
+    if preset in FLOW_PRESETS and dynamic and "use_dynamic_shifting" not in _init_params(cls_name):
+        raise AcceleratorError(
+            f"scheduler(name={preset}): {type(pipe).__name__}'s model shifts its timesteps by image size "
+            f"(use_dynamic_shifting), which {cls_name} cannot do; use flow-euler, flow-dpm++2m or flow-unipc"
+        )
+
+
+def _takes_passed_sigmas(preset: str, passes: str) -> bool:
+    cls_name, flags, _ = PRESETS[preset]
+    if not passes or (passes == "unless-flow-sigmas" and flags.get("use_flow_sigmas")):
+        return True
+    return "sigmas" in inspect.signature(getattr(diffusers, cls_name).set_timesteps).parameters
+
+
+def _init_params(cls_name: str):
+    return inspect.signature(getattr(diffusers, cls_name)).parameters
+
+
 @register
 @dataclass(frozen=True)
 class Scheduler(Accelerator):
@@ -200,14 +235,7 @@ class Scheduler(Accelerator):
         pipe = fp.pipe
         original = pipe.scheduler
         check_prediction(self.name, original, fp)
-        cls_name = PRESETS[self.name][0]
-        facts = PIPELINES.get(type(pipe).__name__)
-        takes_sigmas = "sigmas" in inspect.signature(getattr(diffusers, cls_name).set_timesteps).parameters
-        if facts is not None and facts.passes_sigmas and not takes_sigmas:
-            raise AcceleratorError(
-                f"scheduler(name={self.name}): {type(pipe).__name__} passes its own sigmas to the scheduler, "
-                f"which {cls_name} cannot take; use flow-euler or flow-unipc"
-            )
+        check_sigmas(self.name, pipe, original)
         if self.name == "lcm" and getattr(fp.denoiser.config, "time_cond_proj_dim", None) is None:
             warnings.warn(
                 "scheduler(name=lcm) expects an LCM-distilled model (time_cond_proj_dim set); "

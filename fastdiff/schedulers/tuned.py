@@ -43,7 +43,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import find_denoiser
+from fastdiff.core.models import find_denoiser, require_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.schedulers.presets import PRESETS
 
@@ -250,6 +250,7 @@ class Schedule(Accelerator):
             )
 
     def apply(self, fp) -> Handle:
+        require_prediction(fp, "schedule")  # tuned timesteps index a noise schedule's alpha-bar table
         tuned = TunedSchedule.load(self.path)
         route = tuned.check(fp.pipe)
         steps = fp._defaults.get("num_inference_steps")
