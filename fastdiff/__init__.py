@@ -24,10 +24,11 @@ __version__ = "0.1.0"
 # fastdiff's own pipelines; importing them registers their classes with diffusers, so that
 # DiffusionPipeline.from_pretrained loads saved fastdiff pipelines after `import fastdiff`.
 from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline  # noqa: E402
+from fastdiff.zoo.gmm_flow import GMMFlowDenoiser, GMMFlowPipeline  # noqa: E402
 from fastdiff.zoo.pipelines import ClassConditionalPipeline  # noqa: E402
 
 __all__ = [
     "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "NonFiniteOutputError",
     "UnsupportedModelError", "available", "parse", "register", "ClassConditionalPipeline", "GMMDenoiser",
-    "GMMPipeline",
+    "GMMFlowDenoiser", "GMMFlowPipeline", "GMMPipeline",
 ]  # fmt: skip

@@ -67,6 +67,7 @@ PIPELINES: dict[str, PipelineFacts] = {
     "DDPMPipeline": PipelineFacts("batch_size"),
     "ClassConditionalPipeline": PipelineFacts("class_labels", ("uncond", "cond"), 1.0, 500, num_classes=10),
     "GMMPipeline": PipelineFacts("batch_size", default_batch=256),
+    "GMMFlowPipeline": PipelineFacts("batch_size", default_batch=256),
 }  # fmt: skip
 
 # Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
@@ -245,6 +246,14 @@ REUSABLE_LAYERS: dict[str, tuple[str, ...]] = {
     "QwenImageTransformerBlock": ("attn", "img_mlp", "txt_mlp"),
     "ZImageTransformerBlock": ("attention", "feed_forward"),
     "SanaTransformerBlock": ("attn1", "attn2", "ff"),
+}
+
+# Where a block modulates its input by the timestep embedding (TeaCache's indicator): the adaLN submodule, called
+# as ``norm(hidden_states, emb=<block argument>)``, whose first output is the modulated input.
+MODULATION: dict[str, tuple[str, str]] = {
+    "FluxTransformerBlock": ("norm1", "temb"),
+    "FluxSingleTransformerBlock": ("norm", "temb"),
+    "JointTransformerBlock": ("norm1", "temb"),
 }
 
 

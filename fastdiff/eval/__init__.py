@@ -30,7 +30,7 @@ def quality_for(pipe) -> QualityFn | None:
 
 def _load_evaluators() -> None:
     from fastdiff.eval import quality  # noqa: F401
-    from fastdiff.zoo import gmm  # noqa: F401
+    from fastdiff.zoo import gmm, gmm_flow  # noqa: F401
 
 
 __all__ = ["QUALITY", "register_quality", "quality_for"]
