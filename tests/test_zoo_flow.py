@@ -1,0 +1,201 @@
+"""Tests of the tiny flow-matching transformer zoo: build, save, reload offline, generate; the tokenizers."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from the hub; set before diffusers is imported
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from diffusers import (  # noqa: E402
+    DiffusionPipeline,
+    DPMSolverMultistepScheduler,
+    FlowMatchEulerDiscreteScheduler,
+)
+
+from fastdiff.zoo import ZOO, build  # noqa: E402
+from fastdiff.zoo import text_encoders as te  # noqa: E402
+from fastdiff.zoo.tiny_flow import FLOW_MAKERS, make_flow_pipeline  # noqa: E402
+
+MODELS = list(FLOW_MAKERS)
+PROMPT = "a photo of a cat riding a horse on mars"
+# Each pipeline's way of classifier-free guidance, on at its default scale unless turned off here.
+NO_GUIDANCE = {
+    "tiny-flux": {}, "tiny-flux-schnell": {}, "tiny-flux2": {},  # guidance-distilled / no CFG
+    "tiny-flux2-klein": dict(guidance_scale=1.0), "tiny-sd3": dict(guidance_scale=1.0),
+    "tiny-sana": dict(guidance_scale=1.0), "tiny-pixart-sigma": dict(guidance_scale=1.0),
+    "tiny-qwen-image": dict(true_cfg_scale=1.0), "tiny-zimage": dict(guidance_scale=1.0),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def generate(pipe, name: str, seed: int = 0, **kwargs) -> np.ndarray:
+    """Two steps at 32px with a seeded generator and the pipeline's default guidance."""
+    kwargs = dict(num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(seed),
+                  height=32, width=32, **kwargs)  # fmt: skip
+    if name in ("tiny-sana", "tiny-pixart-sigma"):
+        kwargs.update(use_resolution_binning=False, clean_caption=False)
+    if name == "tiny-qwen-image" and "true_cfg_scale" not in kwargs:
+        kwargs["negative_prompt"] = "blurry"  # Qwen-Image runs true CFG only with a negative prompt
+    return pipe(prompt=PROMPT, **kwargs).images
+
+
+def in_fresh_memory(pipe):
+    """Copy every weight into a fresh allocation (see tests/test_zoo.py: mmapped weights round differently)."""
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                tensor.data = tensor.data.clone()
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """For each model: (in-memory pipeline, directory ``fastdiff.zoo.build`` wrote)."""
+    pipelines = {}
+    for name in MODELS:
+        assert ZOO[name][1] == ("test", "bench")
+        directory = build(name, tmp_path_factory.mktemp(name), size="test", seed=0)
+        pipe = make_flow_pipeline(name, "test", seed=0)
+        pipe.set_progress_bar_config(disable=True)
+        pipelines[name] = (pipe, directory)
+    return pipelines
+
+
+@pytest.fixture(scope="module")
+def outputs(saved):
+    return {name: generate(pipe, name) for name, (pipe, _) in saved.items()}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reloaded_pipeline_generates_the_same_images(name, saved, outputs):
+    in_memory, directory = saved[name]
+    assert not list(directory.rglob("*.bin")), "weights must be saved as safetensors"
+    reloaded = DiffusionPipeline.from_pretrained(directory)
+    reloaded.set_progress_bar_config(disable=True)
+    assert type(reloaded) is type(in_memory)
+    assert type(reloaded.scheduler) is type(in_memory.scheduler)
+    public = [
+        {k: v for k, v in s.config.items() if not k.startswith("_")}
+        for s in (reloaded.scheduler, in_memory.scheduler)
+    ]
+    assert public[0] == public[1]
+
+    expected = outputs[name]
+    assert expected.shape == (1, 32, 32, 3)
+    assert np.isfinite(expected).all() and expected.min() >= 0.0 and expected.max() <= 1.0
+    assert expected.std() > 0.01, "a random-weight model should still give a non-constant image"
+    assert np.array_equal(generate(in_fresh_memory(reloaded), name), expected)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_seeds_and_guidance(name, saved, outputs):
+    pipe = saved[name][0]
+    assert np.array_equal(generate(pipe, name), outputs[name]), "same seed, same image"
+    assert not np.array_equal(generate(pipe, name, seed=1), outputs[name])
+    if NO_GUIDANCE[name]:
+        unguided = generate(pipe, name, **NO_GUIDANCE[name])
+        assert np.isfinite(unguided).all() and not np.array_equal(unguided, outputs[name])
+
+
+def test_same_seed_same_weights_other_seed_other_weights(saved):
+    again, other = make_flow_pipeline("tiny-flux", "test", 0), make_flow_pipeline("tiny-flux", "test", 1)
+    first = saved["tiny-flux"][0]
+    weights = [next(iter(pipe.transformer.parameters())) for pipe in (first, again, other)]
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
+
+
+def test_families_keep_their_schedulers(saved):
+    flux, schnell = saved["tiny-flux"][0].scheduler.config, saved["tiny-flux-schnell"][0].scheduler.config
+    assert flux.use_dynamic_shifting and (flux.base_shift, flux.max_shift, flux.shift) == (0.5, 1.15, 3.0)
+    assert (flux.base_image_seq_len, flux.max_image_seq_len) == (256, 4096)
+    assert not schnell.use_dynamic_shifting and schnell.shift == 1.0
+    assert saved["tiny-sd3"][0].scheduler.config.shift == 3.0
+    qwen = saved["tiny-qwen-image"][0].scheduler.config
+    assert (
+        qwen.time_shift_type == "exponential"
+        and qwen.max_image_seq_len == 8192
+        and qwen.shift_terminal == 0.02
+    )
+    for name in ("tiny-flux", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-qwen-image", "tiny-zimage"):
+        assert isinstance(saved[name][0].scheduler, FlowMatchEulerDiscreteScheduler)
+    sana, pixart = saved["tiny-sana"][0].scheduler, saved["tiny-pixart-sigma"][0].scheduler
+    assert isinstance(sana, DPMSolverMultistepScheduler) and isinstance(pixart, DPMSolverMultistepScheduler)
+    assert sana.config.prediction_type == "flow_prediction" and sana.config.use_flow_sigmas
+    assert sana.config.flow_shift == 3.0
+    assert pixart.config.prediction_type == "epsilon" and not pixart.config.use_flow_sigmas
+    assert saved["tiny-flux"][0].transformer.config.guidance_embeds
+    assert not saved["tiny-flux-schnell"][0].transformer.config.guidance_embeds
+
+
+@pytest.mark.parametrize(
+    "make", [te.make_t5_tokenizer, te.make_gemma_tokenizer, te.make_qwen_tokenizer, te.make_mistral_tokenizer]
+)
+def test_tokenizers_round_trip(make, tmp_path):
+    tokenizer = make()
+    ids = tokenizer(PROMPT).input_ids
+    words = len(PROMPT.split())
+    assert words <= len(ids) <= words + 2, "every common word is one token (plus bos / eos)"
+    assert tokenizer.decode(ids, skip_special_tokens=True) == PROMPT
+    odd = "Zqx 42 waffles!"
+    assert (
+        tokenizer.decode(tokenizer(odd).input_ids, skip_special_tokens=True).replace(" ", "")
+        == "Zqx42waffles!"
+    )
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = type(tokenizer).from_pretrained(tmp_path)
+    assert reloaded(PROMPT).input_ids == ids and len(reloaded) == len(tokenizer)
+
+
+def test_chat_templates_and_qwen_image_prefix():
+    qwen = te.make_qwen_tokenizer(vision=True)
+    messages = [{"role": "user", "content": "a cat"}]
+    text = qwen.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert text == "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    pipe_template = "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"  # noqa: E501
+    assert len(qwen(pipe_template).input_ids) == 34, "QwenImagePipeline drops exactly 34 template tokens"
+    mistral = te.make_mistral_tokenizer()
+    system = [{"role": "system", "content": [{"type": "text", "text": "You are an AI"}]}]
+    text = mistral.apply_chat_template(system + messages, tokenize=False)
+    assert text == "<s>[SYSTEM_PROMPT]You are an AI[/SYSTEM_PROMPT][INST]a cat[/INST]"
+
+
+def test_text_encoders_match_their_tokenizers(saved):
+    for name, tokenizer, encoder in [
+        ("tiny-flux", "tokenizer_2", "text_encoder_2"),
+        ("tiny-sd3", "tokenizer_3", "text_encoder_3"),
+        ("tiny-pixart-sigma", "tokenizer", "text_encoder"),
+        ("tiny-sana", "tokenizer", "text_encoder"),
+        ("tiny-zimage", "tokenizer", "text_encoder"),
+        ("tiny-flux2-klein", "tokenizer", "text_encoder"),
+    ]:
+        pipe = saved[name][0]
+        assert len(getattr(pipe, tokenizer)) == getattr(pipe, encoder).config.vocab_size, name
+    qwen = saved["tiny-qwen-image"][0]
+    assert len(qwen.tokenizer) == qwen.text_encoder.config.text_config.vocab_size
+    flux2 = saved["tiny-flux2"][0]
+    assert len(flux2.tokenizer) == flux2.text_encoder.config.text_config.vocab_size
+    assert flux2.text_encoder.config.text_config.num_hidden_layers >= 30  # hidden states 10, 20, 30
+
+
+def test_unknown_model_or_size_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="tiny-flux"):
+        make_flow_pipeline("nope")
+    with pytest.raises(ValueError, match="test, bench"):
+        build("tiny-flux", tmp_path, size="huge")
+    with pytest.raises(ValueError, match="test, bench"):
+        make_flow_pipeline("tiny-sd3", "huge")
+
+
+def test_padding_sides_survive_reload(saved):
+    flux2 = saved["tiny-flux2"][1]
+    assert DiffusionPipeline.from_pretrained(flux2).tokenizer.padding_side == "left"
