@@ -35,7 +35,9 @@ from typing import Literal
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.cache.deepcache import BranchCache
+from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, block_io, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
@@ -45,7 +47,8 @@ class _State:
     def __init__(self, config: BlockCache, context):
         self.config, self.context = config, context
         self.call, self.step, self.branches = None, 0, ("cond",)
-        self.skip = False  # first-block: the remaining blocks are skipped in this evaluation
+        self.skip = False  # first-block, teacache: the (remaining) blocks are skipped in this evaluation
+        self.skipped = 0  # evaluations of this call whose blocks were skipped (or reused, in interval mode)
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
         self.caches: dict[str, BranchCache] = {}
         self.kinds: dict[
@@ -59,35 +62,6 @@ class _State:
         return self.caches.setdefault(key, BranchCache())
 
 
-def _hidden_in(io, args, kwargs) -> torch.Tensor:
-    return io._get_parameter_from_args_kwargs(io.hidden_states_argument_name, args, kwargs)
-
-
-def _hidden_out(io, output) -> torch.Tensor:
-    return output if isinstance(output, torch.Tensor) else output[io.return_hidden_states_index]
-
-
-def _with_hidden(io, output, hidden: torch.Tensor):
-    """``output`` with its image states replaced by ``hidden``."""
-    if isinstance(output, torch.Tensor):
-        return hidden
-    parts = list(output)
-    parts[io.return_hidden_states_index] = hidden
-    return type(output)(parts)
-
-
-def _passed_through(io, args, kwargs):
-    """What a skipped block returns: its inputs, in the places its output has them."""
-    hidden = _hidden_in(io, args, kwargs)
-    if io.return_encoder_hidden_states_index is None:
-        return hidden
-    encoder = io._get_parameter_from_args_kwargs(io.encoder_hidden_states_argument_name, args, kwargs)
-    parts = [None] * (max(io.return_hidden_states_index, io.return_encoder_hidden_states_index) + 1)
-    parts[io.return_hidden_states_index] = hidden
-    parts[io.return_encoder_hidden_states_index] = encoder
-    return tuple(parts)
-
-
 class _Controller(ModelHook):
     """On the transformer: clears state per call; in interval mode decides whether this evaluation reuses."""
 
@@ -99,7 +73,7 @@ class _Controller(ModelHook):
         st, ctx = self.state, self.state.context
         if st.call != ctx.call_index:
             st.call, st.caches, st.refreshed = ctx.call_index, {}, {}
-            st.head_output, st.last_full = None, 0
+            st.head_output, st.last_full, st.skipped = None, 0, 0
         st.step, st.branches, st.skip = ctx.step, ctx.branches, False
         if st.config.mode == "interval":
             if ctx.step % st.config.interval == 0:
@@ -107,6 +81,7 @@ class _Controller(ModelHook):
             st.reuse = ctx.step != st.last_full and all(
                 st.refreshed.get(b, -1) >= st.last_full for b in ctx.branches
             )
+            st.skipped += st.reuse
             if not st.reuse:  # this evaluation refreshes the stored outputs of its branches
                 st.refreshed.update(dict.fromkeys(ctx.branches, ctx.step))
         return args, kwargs
@@ -122,15 +97,16 @@ class _Head(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         st, io = self.state, self.io
         output = self.fn_ref.original_forward(*args, **kwargs)
-        hidden = _hidden_out(io, output)
-        residual = hidden - _hidden_in(io, args, kwargs)
+        hidden = hidden_out(io, output)
+        residual = hidden - hidden_in(io, args, kwargs)
         head, tail = st.cache("head"), st.cache("tail")
         if head.has(st.branches) and tail.has(st.branches):
             previous = head.get(st.branches)
             change = ((residual - previous).abs().mean() / previous.abs().mean()).item()
             st.skip = change <= st.config.threshold
+            st.skipped += st.skip
         if st.skip:
-            return _with_hidden(io, output, hidden + tail.get(st.branches))
+            return with_hidden(io, output, hidden + tail.get(st.branches))
         head.put(st.branches, st.step, residual)
         st.head_output = hidden
         return output
@@ -146,10 +122,10 @@ class _Rest(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         st = self.state
         if st.skip:
-            return _passed_through(self.io, args, kwargs)
+            return passed_through(self.io, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if self.last:
-            st.cache("tail").put(st.branches, st.step, _hidden_out(self.io, output) - st.head_output)
+            st.cache("tail").put(st.branches, st.step, hidden_out(self.io, output) - st.head_output)
         return output
 
 
@@ -181,17 +157,24 @@ class _Reuse(ModelHook):
         return output
 
 
+def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    facts = denoiser_facts(model, "blockcache")
+    blocks = [b for name in facts.blocks for b in getattr(model, name)]
+    return blocks[0], blocks[-1]
+
+
 @register
 @dataclass(frozen=True)
 class BlockCache(Accelerator):
     """Skip or reuse transformer blocks between steps. Example: ``blockcache(mode=first-block,threshold=0.05)``.
 
-    ``threshold`` is used by ``first-block`` only, ``interval`` by ``interval`` only.
+    ``threshold`` is used by ``first-block`` and ``teacache``, ``interval`` by ``interval``, ``fit`` by ``teacache``.
     """
 
-    mode: Literal["first-block", "interval"] = "first-block"
+    mode: Literal["first-block", "interval", "teacache"] = "first-block"
     threshold: float = 0.05
     interval: int = 2
+    fit: str | None = None  # teacache: the rescaling polynomial fitted for this model (fastdiff fit-teacache)
 
     spec_name = "blockcache"
     kind = "cache"
@@ -200,10 +183,12 @@ class BlockCache(Accelerator):
     conflicts_with = frozenset({"forecast", "experts"})
 
     def validate(self) -> None:
-        if self.mode not in ("first-block", "interval"):
+        if self.mode not in ("first-block", "interval", "teacache"):
             raise AcceleratorError(
-                f"blockcache: mode {self.mode!r} is not allowed; use first-block or interval"
+                f"blockcache: mode {self.mode!r} is not allowed; use first-block, interval or teacache"
             )
+        if self.fit is not None and self.mode != "teacache":
+            raise AcceleratorError(f"blockcache: fit is an option of mode=teacache, not of mode={self.mode}")
         if not self.threshold >= 0:
             raise AcceleratorError(f"blockcache: threshold must be a number >= 0, got {self.threshold}")
         if self.interval < 1:
@@ -218,14 +203,19 @@ class BlockCache(Accelerator):
                 "(use deepcache for UNets)"
             )
         blocks = [b for name in facts.blocks for b in getattr(model, name)]
-        if self.mode == "first-block" and len(blocks) < 2:
+        if self.mode != "interval" and len(blocks) < 2:
             raise UnsupportedModelError(
-                f"blockcache(mode=first-block) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
+                f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
             )
         state = _State(self, fp.context)
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
-        if self.mode == "first-block":
-            targets.append((blocks[0], _Head(state, block_io(blocks[0]))))
+        if self.mode != "interval":
+            if self.mode == "teacache":
+                modulation_of(blocks[0])
+                head = TeaHead(state, block_io(blocks[0]), load_rescaling(self.fit, model))
+            else:
+                head = _Head(state, block_io(blocks[0]))
+            targets.append((blocks[0], head))
             targets += [
                 (b, _Rest(state, block_io(b), last=i == len(blocks) - 1))
                 for i, b in enumerate(blocks)

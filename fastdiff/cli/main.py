@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune", "tpu")
+COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune", "tpu", "cache")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -71,7 +71,8 @@ PIPELINES: dict[str, PipelineFacts] = {
 }  # fmt: skip
 
 # Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
-# (true_cfg_scale > 1 with a negative prompt) runs a second, uncond call per step, as Qwen-Image does.
+# (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
+# Qwen-Image does by default. default_guidance is the default of guidance_arg.
 _FLUX = PipelineFacts(
     "prompt",
     (),

@@ -85,6 +85,10 @@ def make_inputs(
         kwargs = {"batch_size": batch}
     if facts.cfg_layout:
         kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
+    elif facts.cfg_sequence:  # true CFG (Flux, Qwen-Image) runs only with a negative prompt
+        kwargs[facts.guidance_arg] = facts.default_guidance if guidance is None else guidance
+        if kwargs[facts.guidance_arg] > facts.cfg_above:
+            kwargs["negative_prompt"] = [" "] * batch
     if facts.image_inputs:
         _, denoiser = find_denoiser(pipe)
         side = (

@@ -1,0 +1,153 @@
+"""TeaCache-style block skipping: decide from the first block's timestep-modulated input whether to run the blocks.
+
+Liu et al. 2024 ("Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model"): the relative L1
+change of the first block's adaLN-modulated input between steps tracks the change of the blocks' output, once
+rescaled by a polynomial fitted per model. Each step adds the rescaled change to an accumulator; while it stays
+below ``threshold`` every block is skipped and the blocks' residual (output minus input) of the last computed
+step is added instead; when it reaches the threshold the blocks run and the accumulator restarts. The first
+and last steps of a call always run. State is kept per guidance branch and cleared at every call.
+
+The modulated input is computed by the first block's own adaLN layer (``MODULATION`` facts), one cheap extra
+call per step, as in the reference implementation. ``fit_rescaling`` fits the polynomial for a model from full
+calls (``fastdiff fit-teacache``); without a fit the change is used as it is.
+
+Example::
+
+    fp.accelerate("blockcache(mode=teacache,threshold=0.3)")   # on a Flux or SD3 pipeline
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.hooks import ModelHook
+
+from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
+from fastdiff.core.models import MODULATION, UnsupportedModelError
+
+
+def modulation_of(block) -> tuple[str, str]:
+    """(adaLN submodule, embedding argument) of ``block``, or a refusal naming the block class."""
+    found = MODULATION.get(type(block).__name__)
+    if found is None:
+        raise UnsupportedModelError(
+            f"blockcache(mode=teacache) has no facts on where {type(block).__name__} modulates its input "
+            f"(known: {', '.join(sorted(MODULATION))}); use mode=first-block"
+        )
+    return found
+
+
+def modulated_input(block, io, args, kwargs) -> torch.Tensor:
+    norm_name, emb_name = modulation_of(block)
+    emb = io._get_parameter_from_args_kwargs(emb_name, args, kwargs)
+    return getattr(block, norm_name)(hidden_in(io, args, kwargs), emb=emb)[0]
+
+
+def relative_change(now: torch.Tensor, before: torch.Tensor) -> float:
+    return ((now - before).abs().mean() / before.abs().mean()).item()
+
+
+def load_rescaling(path: str | None, model) -> np.poly1d:
+    """The fitted polynomial in ``path`` (written by ``fit_rescaling``), checked against ``model``; else x."""
+    if path is None:
+        return np.poly1d([1.0, 0.0])
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"blockcache: fit file {path!r} does not exist (make one: fastdiff fit-teacache)"
+        )
+    fit = json.loads(file.read_text())
+    if fit.get("model") != type(model).__name__:
+        raise UnsupportedModelError(
+            f"blockcache: {path} was fitted on {fit.get('model')}, not on {type(model).__name__}"
+        )
+    return np.poly1d(fit["coefficients"])
+
+
+class TeaHead(ModelHook):
+    """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold."""
+
+    def __init__(self, state, io, rescale: np.poly1d):
+        super().__init__()
+        self.state, self.io, self.rescale = state, io, rescale
+        self.call = None
+        self.previous: dict[tuple[str, ...], torch.Tensor] = {}
+        self.accumulated: dict[tuple[str, ...], float] = {}
+
+    def new_forward(self, module, *args, **kwargs):
+        st, ctx, io = self.state, self.state.context, self.io
+        if self.call != ctx.call_index:
+            self.call, self.previous, self.accumulated = ctx.call_index, {}, {}
+        key = st.branches
+        modulated = modulated_input(module, io, args, kwargs)
+        edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1
+        tail = st.cache("tail")
+        st.skip = False
+        if not edge and key in self.previous and tail.has(key):
+            total = self.accumulated.get(key, 0.0) + float(
+                self.rescale(relative_change(modulated, self.previous[key]))
+            )
+            st.skip = total < st.config.threshold
+            st.skipped += st.skip
+            self.accumulated[key] = total if st.skip else 0.0
+        else:
+            self.accumulated[key] = 0.0
+        self.previous[key] = modulated
+        hidden = hidden_in(io, args, kwargs)
+        if st.skip:
+            return with_hidden(io, passed_through(io, args, kwargs), hidden + tail.get(key))
+        st.head_output = hidden  # the last block stores its output minus this: the residual of all blocks
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+
+def fit_rescaling(fp, calls: list[dict], degree: int = 4) -> dict:
+    """Fit the output-change polynomial of TeaCache on full calls of ``fp`` (a FastPipeline) with ``calls``' kwargs.
+
+    Records, per step after the first, the relative change of the first block's modulated input and of the
+    blocks' residual, and fits ``np.polyfit`` of the second on the first. Returns the JSON-ready fit.
+    """
+    from fastdiff.cache.blockcache import first_and_last_blocks
+    from fastdiff.core.hooks import install_hook
+    from fastdiff.core.models import block_io
+
+    first, last = first_and_last_blocks(fp.denoiser)
+    io_first, io_last = block_io(first), block_io(last)
+    pairs: list[tuple[float, float]] = []
+    seen: dict = {}
+
+    class Record(ModelHook):
+        def pre_forward(self, module, *args, **kwargs):
+            seen["mod"] = modulated_input(module, io_first, args, kwargs)
+            seen["in"] = hidden_in(io_first, args, kwargs)
+            return args, kwargs
+
+    class RecordLast(ModelHook):
+        def post_forward(self, module, output):
+            from fastdiff.cache.blockio import hidden_out
+
+            key = (fp.context.call_index, fp.context.branches)
+            residual = hidden_out(io_last, output) - seen["in"]
+            before = seen.get(key)
+            if before is not None:
+                pairs.append((relative_change(seen["mod"], before[0]), relative_change(residual, before[1])))
+            seen[key] = (seen["mod"], residual)
+            return output
+
+    handles = [
+        install_hook(first, Record(), "fastdiff.teacache-fit", fp.context),
+        install_hook(last, RecordLast(), "fastdiff.teacache-fit", fp.context),
+    ]
+    try:
+        for kwargs in calls:
+            fp(**kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    x, y = np.array(pairs).T
+    coefficients = np.polyfit(x, y, degree)
+    residual = float(np.sqrt(np.mean((np.polyval(coefficients, x) - y) ** 2)))
+    return {"model": type(fp.denoiser).__name__, "coefficients": coefficients.tolist(), "points": len(pairs),
+            "rms_error": residual}  # fmt: skip
