@@ -4,6 +4,8 @@ Example::
 
     fastdiff tune-schedule gmm --sampler dpm++2m --nfe 6 --out schedule.json --seeds 8
     fastdiff bench gmm --config tuned="scheduler(name=dpm++2m);schedule(path=schedule.json)"
+    fastdiff tune-schedule gmm-flow --sampler flow-unipc --nfe 6 --out flow.json   # flow-matching models
+    fastdiff bench gmm-flow --config tuned="scheduler(name=flow-unipc);schedule(path=flow.json)"
 
 Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
 """
@@ -29,7 +31,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         required=True,
         choices=list(PRESETS),
         metavar="SAMPLER",
-        help=f"sampler preset to tune: {', '.join(TUNABLE)} (the others are refused with the reason)",
+        help=f"sampler preset to tune: {', '.join(TUNABLE)} (flow-* for flow-matching models; the others are "
+        "refused with the reason)",
     )
     p.add_argument("--nfe", type=int, required=True, help="denoiser calls (= steps for these samplers)")
     p.add_argument("--out", required=True, help="write the schedule JSON here")
@@ -40,7 +43,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pin-first", action="store_true",
                    help="keep the first timestep at T-1 (default: the search may start lower)")  # fmt: skip
     p.add_argument(
-        "--reference-steps", type=int, default=100, help="steps of the reference run (not on the exact model)"
+        "--reference-steps",
+        type=int,
+        default=100,
+        help="steps of the reference run (DPM++2M Karras; UniPC on flow sigmas for flow models); not on the "
+        "exact models gmm and gmm-flow",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -84,8 +91,9 @@ def run(args) -> dict:
         print(f"  {evals:5d} {value:.4f}", file=sys.stderr)
     start = o["start"]
     gain = 1 - o["tuned"] / start["value"] if start["value"] else 0.0
+    sigmas = f" (sigmas {tuned.sigmas[:-1]})" if args.sampler.startswith("flow-") else ""
     print(
         f"{args.sampler} NFE {args.nfe}: {start['spacing']} {start['value']:.4f} -> tuned {o['tuned']:.4f} "
-        f"({gain:.0%} lower, {o['evaluations']} evaluations); timesteps {tuned.timesteps} -> {args.out}"
+        f"({gain:.0%} lower, {o['evaluations']} evaluations); timesteps {tuned.timesteps}{sigmas} -> {args.out}"
     )
     return vars(tuned)

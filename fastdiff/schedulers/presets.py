@@ -77,6 +77,10 @@ PRESETS: dict[str, tuple[str, dict, str]] = {
     ),
 }
 FLOW_PRESETS = frozenset(name for name in PRESETS if name.startswith("flow-"))
+# the FlowMatch classes convert passed sigmas with np.array; UniPC multiplies a passed Python list as it is
+TAKES_LIST_SIGMAS = frozenset({"flow-euler", "flow-heun"})
+# DPMSolverMultistepScheduler.set_timesteps asserts use_dynamic_shifting whenever it is given a mu
+ASSERTS_DYNAMIC_MU = frozenset({"flow-dpm++2m"})
 
 # What a flow model was trained with (shift and dynamic shifting); the pipeline reads the *_shift / *_seq_len keys
 # from the scheduler's config to compute the dynamic shift, so they travel even to classes that do not declare them.
@@ -179,28 +183,47 @@ def check_prediction(preset: str, scheduler, fp) -> None:
 
 
 def check_sigmas(preset: str, pipe, scheduler) -> None:
-    """Refuse a preset that cannot take the sigmas the pipeline passes, or the model's dynamic shifting."""
+    """Refuse a preset that cannot take what the pipeline hands its scheduler (its own sigmas, a dynamic-shift
+    mu, img2img's scale_noise) or the model's dynamic shifting, naming the presets that can."""
+    reason = sampler_problem(preset, pipe, scheduler)
+    if reason:
+        able = [n for n in PRESETS if (n in FLOW_PRESETS) == (preset in FLOW_PRESETS)]
+        able = [n for n in able if n != "lcm" and not sampler_problem(n, pipe, scheduler)]
+        raise AcceleratorError(
+            f"scheduler(name={preset}): {reason}; presets that fit: {', '.join(able) or 'none'}"
+        )
+
+
+def sampler_problem(preset: str, pipe, scheduler) -> str | None:
+    """Why preset ``preset`` cannot sample ``pipe`` (whose model's scheduler is ``scheduler``), or None."""
     facts = PIPELINES.get(type(pipe).__name__)
-    passes = facts.passes_sigmas if facts else ""
-    if not _takes_passed_sigmas(preset, passes):
-        able = [n for n in sorted(FLOW_PRESETS) if _takes_passed_sigmas(n, passes)]
-        raise AcceleratorError(
-            f"scheduler(name={preset}): {type(pipe).__name__} passes its own sigmas to the scheduler, which "
-            f"{PRESETS[preset][0]} cannot take; use one of: {', '.join(able)}"
-        )
     cls_name = PRESETS[preset][0]
+    cls = getattr(diffusers, cls_name)
+    if facts is not None and not _takes_passed_sigmas(preset, facts.passes_sigmas):
+        return f"{type(pipe).__name__} passes its own sigmas to the scheduler, which {cls_name} cannot take"
+    missing = [m for m in (facts.scheduler_methods if facts else ()) if not hasattr(cls, m)]
+    if missing:
+        return f"{type(pipe).__name__} calls the scheduler's {', '.join(missing)}, which {cls_name} lacks"
     dynamic = scheduler.config.get("use_dynamic_shifting")
-    if preset in FLOW_PRESETS and dynamic and "use_dynamic_shifting" not in _init_params(cls_name):
-        raise AcceleratorError(
-            f"scheduler(name={preset}): {type(pipe).__name__}'s model shifts its timesteps by image size "
-            f"(use_dynamic_shifting), which {cls_name} cannot do; use flow-euler, flow-dpm++2m or flow-unipc"
+    if preset in ASSERTS_DYNAMIC_MU and facts is not None and facts.passes_mu and not dynamic:
+        return (
+            f"{type(pipe).__name__} passes a dynamic-shift mu, which {cls_name} takes only for models with "
+            "dynamic shifting, and this one has none"
         )
+    if preset in FLOW_PRESETS and dynamic and "use_dynamic_shifting" not in _init_params(cls_name):
+        return (
+            f"{type(pipe).__name__}'s model shifts its timesteps by image size (use_dynamic_shifting), "
+            f"which {cls_name} cannot do"
+        )
+    return None
 
 
 def _takes_passed_sigmas(preset: str, passes: str) -> bool:
     cls_name, flags, _ = PRESETS[preset]
     if not passes or (passes == "unless-flow-sigmas" and flags.get("use_flow_sigmas")):
         return True
+    if passes == "list" and preset not in TAKES_LIST_SIGMAS:
+        return False
     return "sigmas" in inspect.signature(getattr(diffusers, cls_name).set_timesteps).parameters
 
 

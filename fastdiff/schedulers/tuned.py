@@ -18,6 +18,18 @@ setting their ``timesteps``/``sigmas`` arrays after ``set_timesteps(K)``, which 
 computes for the solver (a test checks their own arrays give bit-identical samples). DDIM steps by a fixed
 stride and takes no custom timesteps: it is refused.
 
+Flow-matching models (``flow-euler``, ``flow-dpm++2m``, ``flow-unipc``; route ``"flow"``): the schedule is K
+integer timesteps t in [1, T] (T = num_train_timesteps), i.e. the sigmas s = t / T in (0, 1], installed as they
+are whatever the model's shift or dynamic ``mu``. None of the public routes does that: FlowMatchEuler's
+``set_timesteps(sigmas=...)`` and UniPC's apply the shift (or ``mu``) on top of the sigmas given,
+DPM-Solver's ``set_timesteps(timesteps=...)`` fails with ``use_flow_sigmas`` (its flow branch builds linspace
+sigmas from ``num_inference_steps``, which must then be None), and DPM-Solver/UniPC truncate ``s * T`` to int64 for the model. So the flow route, too, sets the
+arrays after the scheduler's own ``set_timesteps(K, mu=...)``: ``sigmas`` = float32(t / T) and the final sigma
+the scheduler computed, ``timesteps`` = ``sigmas * T`` in float32 for FlowMatchEuler (as its own
+``set_timesteps`` derives them) and the integers t for DPM-Solver and UniPC, so the model is told exactly the
+sigma the solver steps from. (With shift 1, FlowMatchEuler's ``set_timesteps(sigmas=t / T)`` gives the same
+arrays bit for bit; a test checks it, and that with shift 3 it would not.)
+
 Example::
 
     from fastdiff import FastPipeline
@@ -39,13 +51,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
-from fastdiff.core.models import find_denoiser, require_prediction
+from fastdiff.core.models import PIPELINES, family_name, find_denoiser, model_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.schedulers.presets import PRESETS
+from fastdiff.schedulers.presets import FLOW_PRESETS, PRESETS
 
 FORMAT = "fastdiff-schedule/1"
 # scheduler class -> how it takes custom timesteps ("timesteps": set_timesteps(timesteps=...); "arrays": see above)
@@ -55,7 +68,8 @@ ROUTES = {
     "UniPCMultistepScheduler": "arrays",
     "DEISMultistepScheduler": "arrays",
 }
-TUNABLE = ("dpm++2m", "unipc", "deis", "euler")  # deterministic presets, one denoiser call per step
+# deterministic presets, one denoiser call per step (the flow ones for flow-matching models: route "flow")
+TUNABLE = ("dpm++2m", "unipc", "deis", "euler", "flow-euler", "flow-dpm++2m", "flow-unipc")
 # why the other presets are refused (``untunable_reason``)
 NOT_TUNABLE = {
     "ddim": "DDIMScheduler steps from each timestep by a fixed stride of num_train_timesteps // K and takes no "
@@ -68,7 +82,10 @@ NOT_TUNABLE = {
     "dpm++2m-sde": "stochastic: no deterministic K-step answer to fit",
     "pndm": "PNDMScheduler derives its timesteps from its own warm-up and takes no custom timesteps",
     "lcm": "only for LCM-distilled models, which fix their own timesteps",
+    "flow-heun": "two denoiser calls per step",
 }
+# flags of the flow classes that change what a step does; a tuned schedule needs their defaults
+FLOW_STEP_FLAGS = ("stochastic_sampling", "invert_sigmas")
 
 
 def untunable_reason(sampler: str) -> str | None:
@@ -83,8 +100,9 @@ def model_hash(pipe) -> str:
     """16 hex digits of sha256 over the denoiser's class and config and the noise schedule it was trained on.
 
     The noise schedule is the scheduler's float32 ``alphas_cumprod`` (identical for every preset made from the
-    model's config) and its prediction type. Weights are not hashed: a retrained model with the same config
-    matches.
+    model's config) and its prediction type; for a flow-matching model (no ``alphas_cumprod``) it is the sigma
+    convention, ``flow_convention``, the same for every flow preset made from the model's config. Weights are
+    not hashed: a retrained model with the same config matches.
 
     >>> from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline, default_scheduler
     >>> len(model_hash(GMMPipeline(GMMDenoiser(), default_scheduler())))
@@ -93,16 +111,47 @@ def model_hash(pipe) -> str:
     _, denoiser = find_denoiser(pipe)
     config = {k: v for k, v in dict(denoiser.config).items() if not k.startswith("_")}
     scheduler = pipe.scheduler
-    noise = hashlib.sha256(scheduler.alphas_cumprod.float().cpu().numpy().tobytes()).hexdigest()
-    prediction = scheduler.config.get("prediction_type", "epsilon")
+    if model_prediction(scheduler) == "flow":
+        noise, prediction = flow_convention(scheduler), "flow"
+    else:
+        noise = hashlib.sha256(scheduler.alphas_cumprod.float().cpu().numpy().tobytes()).hexdigest()
+        prediction = scheduler.config.get("prediction_type", "epsilon")
     blob = json.dumps([type(denoiser).__name__, config, noise, prediction], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def flow_convention(scheduler) -> dict:
+    """How a flow scheduler's config places sigmas: T, the shift (``shift`` in FlowMatch classes, ``flow_shift``
+    in DPM-Solver/UniPC) or the dynamic-shifting settings, and the terminal stretch.
+
+    >>> from diffusers import FlowMatchEulerDiscreteScheduler
+    >>> flow_convention(FlowMatchEulerDiscreteScheduler(shift=3.0))["shift"]
+    3.0
+    """
+    config = scheduler.config
+    out = {
+        "num_train_timesteps": int(config["num_train_timesteps"]),
+        "use_dynamic_shifting": bool(config.get("use_dynamic_shifting")),
+        "shift_terminal": config.get("shift_terminal") or None,
+    }
+    if out["use_dynamic_shifting"]:  # the shift is exp(mu) per call (DPM-Solver even writes it to its config)
+        keys = ("base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len", "time_shift_type")
+        out.update({key: config.get(key) for key in keys})
+    else:
+        out["shift"] = float(config["shift"] if "shift" in config else config.get("flow_shift", 1.0))
+    return out
 
 
 def sigma_table(scheduler) -> torch.Tensor:
     """float32 sigma of every training timestep, computed as diffusers' set_timesteps computes it."""
     alphas_cumprod = scheduler.alphas_cumprod
     return ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
+
+
+def flow_sigmas(scheduler, timesteps) -> torch.Tensor:
+    """float32 sigmas t / T of flow timesteps, rounded from float64 as FlowMatchEuler's set_timesteps does."""
+    total = scheduler.config.num_train_timesteps
+    return torch.from_numpy((np.asarray(timesteps, dtype=np.float64) / total).astype(np.float32))
 
 
 def check_sampler(scheduler, sampler: str) -> str:
@@ -128,6 +177,13 @@ def check_sampler(scheduler, sampler: str) -> str:
             )
     if getattr(scheduler, "solver_p", None) is not None:
         raise AcceleratorError(f"{have} with a solver_p cannot take a tuned schedule")
+    if sampler in FLOW_PRESETS:
+        for key in FLOW_STEP_FLAGS:
+            if key in defaults and scheduler.config.get(key) != defaults[key]:
+                raise AcceleratorError(
+                    f"{have} with {key}={scheduler.config.get(key)!r} cannot take a tuned schedule"
+                )
+        return "flow"
     return ROUTES[cls_name]
 
 
@@ -154,6 +210,15 @@ def install_timesteps(scheduler, timesteps: list[int], route: str, gate=None, on
             )
         if route == "timesteps":
             original(device=device, timesteps=list(timesteps), **kwargs)
+        elif route == "flow":  # see the module docstring; mu (dynamic shifting) is the pipeline's, unused
+            original(steps, device=device, **kwargs)
+            final = scheduler.sigmas[-1:]
+            sigmas = flow_sigmas(scheduler, timesteps).to(final.device)
+            if type(scheduler).__name__.startswith("FlowMatch"):
+                scheduler.timesteps = (sigmas * scheduler.config.num_train_timesteps).to(device)
+            else:
+                scheduler.timesteps = torch.tensor(timesteps, dtype=torch.int64, device=device)
+            scheduler.sigmas = torch.cat([sigmas, final])
         else:
             original(steps, device=device, **kwargs)
             final = scheduler.sigmas[-1:]
@@ -173,7 +238,7 @@ class TunedSchedule:
     model_hash: str
     sampler: str
     nfe: int
-    timesteps: list[int]
+    timesteps: list[int]  # flow samplers: t in [1, T], sigma = t / T
     sigmas: list[float]  # noise level of each timestep, then the sampler's final one
     model: str = ""
     objective: dict = field(default_factory=dict)  # reference, seeds, start and tuned values, candidates
@@ -182,8 +247,9 @@ class TunedSchedule:
 
     def __post_init__(self):
         ts = [int(t) for t in self.timesteps]
-        if len(ts) != self.nfe or any(a <= b for a, b in zip(ts, ts[1:])) or ts[-1] < 0:
-            raise AcceleratorError(f"timesteps {ts} are not {self.nfe} strictly decreasing values >= 0")
+        low = 1 if self.sampler in FLOW_PRESETS else 0  # a flow sigma of 0 is the end, not a step
+        if len(ts) != self.nfe or any(a <= b for a, b in zip(ts, ts[1:])) or ts[-1] < low:
+            raise AcceleratorError(f"timesteps {ts} are not {self.nfe} strictly decreasing values >= {low}")
         self.timesteps = ts
 
     def save(self, path: str | Path) -> None:
@@ -204,7 +270,16 @@ class TunedSchedule:
             raise AcceleratorError(f"{path}: {exc}") from exc
 
     def check(self, pipe) -> str:
-        """Refuse another model or sampler (naming the mismatch); return the scheduler's route."""
+        """Refuse another kind of model, model or sampler (naming the mismatch); return the scheduler's route."""
+        predicts = model_prediction(pipe.scheduler)
+        if (self.sampler in FLOW_PRESETS) != (predicts == "flow"):
+            tuned_for = (
+                "a flow-matching model" if self.sampler in FLOW_PRESETS else "a noise-predicting model"
+            )
+            raise AcceleratorError(
+                f"the schedule was tuned for {tuned_for} (sampler {self.sampler}) but the {family_name(pipe)} "
+                f"model predicts {predicts} (its scheduler: {type(pipe.scheduler).__name__})"
+            )
         have = model_hash(pipe)
         if have != self.model_hash:
             _, denoiser = find_denoiser(pipe)
@@ -212,7 +287,21 @@ class TunedSchedule:
                 f"the schedule was tuned for model {self.model or '?'} (config hash {self.model_hash}); this "
                 f"pipeline's {type(denoiser).__name__} has config hash {have}"
             )
-        return check_sampler(pipe.scheduler, self.sampler)
+        route = check_sampler(pipe.scheduler, self.sampler)
+        facts = PIPELINES.get(type(pipe).__name__)
+        passes = facts.passes_sigmas if facts else ""
+        flow_sigmas_spared = passes == "unless-flow-sigmas" and pipe.scheduler.config.get("use_flow_sigmas")
+        if passes and not flow_sigmas_spared:  # "always", "unless-flow-sigmas", "list", ...
+            raise AcceleratorError(
+                f"{type(pipe).__name__} passes its own sigmas to {type(pipe.scheduler).__name__}.set_timesteps, "
+                "which a schedule does not override"
+                + (
+                    "; tune and apply flow-dpm++2m or flow-unipc, to which it passes none"
+                    if passes == "unless-flow-sigmas"
+                    else ""
+                )
+            )
+        return route
 
 
 class _UsedCheck(ModelHook):
@@ -250,7 +339,6 @@ class Schedule(Accelerator):
             )
 
     def apply(self, fp) -> Handle:
-        require_prediction(fp, "schedule")  # tuned timesteps index a noise schedule's alpha-bar table
         tuned = TunedSchedule.load(self.path)
         route = tuned.check(fp.pipe)
         steps = fp._defaults.get("num_inference_steps")

@@ -17,6 +17,10 @@ the starting spacing on the calibration seeds. Timesteps are integers (what DPM-
 (``free_start=True``, the default): starting a little below T-1 from the same noise can cost less than it
 gains; ``free_start=False`` pins it at T-1 as the standard spacings are.
 
+Flow-matching models (presets ``flow-euler``, ``flow-dpm++2m``, ``flow-unipc``): the same search over integer
+timesteps t in [1, T] (sigma t / T), from the standard flow spacings, against the exact flow solve on
+``gmm-flow`` and a fine UniPC run elsewhere; see ``fastdiff.schedulers.tuning_flow``.
+
 Example::
 
     from fastdiff.schedulers.tuning import tune
@@ -37,7 +41,9 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers import AysSchedules
 from tqdm.auto import tqdm
 
-from fastdiff.schedulers.presets import explicit_config, make_scheduler
+from fastdiff.core.models import model_prediction
+from fastdiff.core.registry import AcceleratorError
+from fastdiff.schedulers.presets import FLOW_PRESETS, explicit_config, make_scheduler
 from fastdiff.schedulers.tuned import (
     ROUTES,
     TunedSchedule,
@@ -46,6 +52,7 @@ from fastdiff.schedulers.tuned import (
     model_hash,
     sigma_table,
 )
+from fastdiff.schedulers.tuning_flow import flow_references, flow_spacing, flow_spacings
 from fastdiff.zoo.gmm_exact import exact_samples, gmm_denoiser, initial_noise, ode_error
 
 CALIBRATION_SEED = 1000
@@ -132,10 +139,22 @@ class Exhausted(Exception):
 
 
 class Objective:
-    """Mean distance to the reference over calibration seeds, cached per timestep list, with a search log."""
+    """Mean distance to the reference over calibration seeds, cached per timestep list, with a search log.
 
-    def __init__(self, pipe, route: str, inputs: dict, references: dict, max_evals: int, progress: bool):
+    ``offset`` is added to the points searched to get timesteps (flow schedules search indices t - 1)."""
+
+    def __init__(
+        self,
+        pipe,
+        route: str,
+        inputs: dict,
+        references: dict,
+        max_evals: int,
+        progress: bool,
+        offset: int = 0,
+    ):
         self.pipe, self.route, self.inputs, self.references = pipe, route, inputs, references
+        self.offset = offset
         self.cache: dict[tuple, float] = {}
         self.best, self.best_value, self.log = None, float("inf"), []
         self.max_evals = self.limit = max_evals
@@ -150,10 +169,9 @@ class Objective:
         if key not in self.cache and self.exhausted:
             raise Exhausted
         if key not in self.cache:
+            shifted = [t + self.offset for t in timesteps]
             errors = [
-                ode_error(
-                    sample(self.pipe, self.inputs, seed, len(timesteps), timesteps, self.route), reference
-                )
+                ode_error(sample(self.pipe, self.inputs, seed, len(shifted), shifted, self.route), reference)
                 for seed, reference in self.references.items()
             ]
             value = self.cache[key] = float(np.mean(errors))
@@ -178,7 +196,9 @@ def sample(pipe, inputs: dict, seed: int, steps: int, timesteps=None, route=None
 
 
 def references(pipe, inputs: dict, seeds: list[int], reference_steps: int) -> tuple[dict, str]:
-    """{seed: reference samples} and a description: the exact solve on the GMM, else a high-NFE run."""
+    """{seed: reference samples} and a description: the exact solve on the GMMs, else a high-NFE run."""
+    if model_prediction(pipe.scheduler) == "flow":
+        return flow_references(pipe, inputs, seeds, reference_steps, sample)
     try:
         gmm_denoiser(pipe)
     except TypeError:
@@ -272,6 +292,18 @@ def tune(
 
     if nfe < 2 or seeds < 1 or max_evals < 1:
         raise ValueError(f"need nfe >= 2, seeds >= 1, max_evals >= 1; got {nfe}, {seeds}, {max_evals}")
+    flow = model_prediction(pipe.scheduler) == "flow"
+    if scheduler is None and flow != (sampler in FLOW_PRESETS):
+        kind = "flow-matching" if flow else "noise-predicting"
+        able = [s for s in ("flow-euler", "flow-dpm++2m", "flow-unipc") if flow] or [
+            "dpm++2m",
+            "unipc",
+            "deis",
+            "euler",
+        ]
+        raise AcceleratorError(
+            f"sampler {sampler!r} does not fit {type(pipe).__name__}'s {kind} model; tune one of {', '.join(able)}"
+        )
     original, bar_config = pipe.scheduler, dict(getattr(pipe, "_progress_bar_config", {}))
     pipe.set_progress_bar_config(disable=True)
     inputs = make_inputs(pipe, batch)
@@ -279,23 +311,24 @@ def tune(
     refs, described = references(pipe, inputs, calibration, reference_steps)
     pipe.scheduler = scheduler or make_scheduler(sampler, original.config)
     try:
-        route = ROUTES[type(scheduler).__name__] if scheduler else check_sampler(pipe.scheduler, sampler)
-        objective = Objective(pipe, route, inputs, refs, max_evals, progress)
-        spacings = standard_spacings(pipe.scheduler, nfe)
+        if scheduler:
+            route = "flow" if flow else ROUTES[type(scheduler).__name__]
+        else:
+            route = check_sampler(pipe.scheduler, sampler)
+        objective = Objective(pipe, route, inputs, refs, max_evals, progress, offset=int(flow))
+        spacings = (flow_spacings if flow else standard_spacings)(pipe.scheduler, nfe)
         candidates = {name: objective(ts) for name, ts in spacings.items()}
         ranked = sorted(candidates, key=candidates.get)
-        spacing, points = (
-            Spacing(pipe.scheduler, nfe, free_start),
-            [spacings[name] for name in ranked[:starts]],
-        )
+        spacing = (flow_spacing if flow else Spacing)(pipe.scheduler, nfe, free_start)
+        points = [spacings[name] for name in ranked[:starts]]
         for i, point in enumerate(points):  # several starts: the objective has more than one basin
             share = (objective.max_evals - len(objective.cache)) // (len(points) - i)
             search(objective, spacing, point, len(objective.cache) + share)
         objective.bar.close()
-        best = objective.best
+        best = [t + objective.offset for t in objective.best]
         probe = copy.deepcopy(pipe.scheduler)
         install_timesteps(probe, best, route)
-        probe.set_timesteps(nfe)
+        probe.set_timesteps(nfe, **({"mu": 0.0} if probe.config.get("use_dynamic_shifting") else {}))
         sigmas = [round(float(s), 6) for s in probe.sigmas]
     finally:
         pipe.scheduler = original
@@ -313,6 +346,7 @@ def tune(
             "seeds": calibration,
             "batch": next(len(v) for v in refs.values()),
             "start": {"spacing": ranked[0], "value": candidates[ranked[0]]},
+            **({"sigmas": "t / num_train_timesteps, installed as they are (no shift)"} if flow else {}),
             "tuned": objective.best_value,
             "evaluations": len(objective.cache),
             "candidates": candidates,
