@@ -94,7 +94,21 @@ def choose_rank(s: torch.Tensor, energy: float, rank: int | None) -> int:
 
 
 class LowRankSplit(nn.Sequential):
-    """The two layers (thin, then widening) that replace one layer split by ``lowrank``."""
+    """The two layers (thin, then widening) that replace one layer split by ``lowrank``.
+
+    ``weight`` and ``bias`` are those of the rank-r layer it stands for (computed), for model code that reads
+    its layers' weights (Z-Image's timestep embedder takes its dtype from ``mlp[0].weight``).
+    """
+
+    @property
+    def weight(self) -> torch.Tensor:
+        first, second = self[0].weight, self[1].weight
+        dense = second.reshape(second.shape[0], -1) @ first.reshape(first.shape[0], -1)
+        return dense.reshape(second.shape[0], *first.shape[1:])
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self[1].bias
 
 
 def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:

@@ -123,8 +123,10 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     fresh = getattr(module, "_diffusers_hook", None) is None
     had_forward = "forward" in module.__dict__
     registry = HookRegistry.check_if_exists_or_initialize(module)
-    if fresh:
-        registry._fastdiff_created = (True, had_forward)  # what to undo when the last hook goes
+    if not registry.hooks and not hasattr(registry, "_fastdiff_created"):
+        # what to undo when the last hook goes: the registry if we made it (diffusers' cache_context makes an
+        # empty one on Flux-style transformers), and the instance forward its hooks leave behind
+        registry._fastdiff_created = (fresh, had_forward)
     reattach(module)
     if registry.get_hook(name) is not None:
         raise RuntimeError(
@@ -162,9 +164,10 @@ def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
         registry.register_hook(hook, n)
     if replaced:  # leave the other tool's forward in place; it is its to restore
         module.forward = current
-    created, had_forward = getattr(registry, "_fastdiff_created", (False, True))
-    if tidy and created and not registry.hooks:
-        del module._diffusers_hook
+    if tidy and not registry.hooks and hasattr(registry, "_fastdiff_created"):
+        created, had_forward = registry.__dict__.pop("_fastdiff_created")
+        if created:
+            del module._diffusers_hook
         if not had_forward and not replaced:
             module.__dict__.pop("forward", None)
 

@@ -36,11 +36,15 @@ class PipelineFacts:
     # and Qwen-Image's true CFG); the first call of a step is cond, a second one uncond
     cfg_sequence: tuple[str, ...] = ()
     guidance_arg: str = "guidance_scale"  # the call argument that turns classifier-free guidance on
-    # passes its own sigmas to set_timesteps (schedulers that take none fail): "always", or "unless-flow-sigmas"
-    # (Flux, Flux.2: not to a solver configured with use_flow_sigmas); "" = never
+    # passes its own sigmas to set_timesteps (schedulers that take none fail): "always", "list" (always, as a
+    # Python list: Z-Image), or "unless-flow-sigmas" (Flux, Flux.2: not to a solver with use_flow_sigmas); "" = never
     passes_sigmas: str = ""
+    passes_mu: bool = False  # passes a dynamic-shift mu to set_timesteps, dynamic shifting or not
+    scheduler_methods: tuple[str, ...] = ()  # scheduler methods it calls beyond set_timesteps/step (img2img)
     family: str = ""  # model family named in refusals (empty: the pipeline class name says it)
     cfg_above: float = 1.0  # guidance runs when the guidance argument exceeds this (Z-Image: 0)
+    # call arguments benchmarks set: generate at the requested size (no resolution bins), captions as given
+    bench_call: tuple[tuple[str, object], ...] = ()
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5)
@@ -92,27 +96,40 @@ _QWEN = PipelineFacts(
     passes_sigmas="always",
     family="Qwen-Image",
 )
+_EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
+_NOISING = (
+    "scale_noise",
+)  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
+_ZIMAGE = PipelineFacts(
+    "prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list", passes_mu=True
+)
 _FLOW_VARIANTS = {
     "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
-    "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",)),
-    "FluxInpaintPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
+    "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",), scheduler_methods=_NOISING),
+    "FluxInpaintPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image"),
+                                               scheduler_methods=_NOISING),
     "FluxControlNetPipeline": dataclasses.replace(_FLUX, image_inputs=("control_image",)),
-    "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image")),
-    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", family="Flux.2"),
+    "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING),
+    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", passes_mu=True,
+                                   family="Flux.2"),
     "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"),
-                                        passes_sigmas="unless-flow-sigmas", family="Flux.2"),
+                                        passes_sigmas="unless-flow-sigmas", passes_mu=True, family="Flux.2"),
     "StableDiffusion3Pipeline": _SD3,
-    "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",)),
-    "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image")),
+    "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",), scheduler_methods=_NOISING),
+    "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image"),
+                                                           scheduler_methods=_NOISING),
     "StableDiffusion3ControlNetPipeline": dataclasses.replace(_SD3, image_inputs=("control_image",)),
+    "StableDiffusion3ControlNetInpaintingPipeline": dataclasses.replace(_SD3, image_inputs=("control_image",
+                                                                                            "control_mask")),
     "QwenImagePipeline": _QWEN,
-    "QwenImageImg2ImgPipeline": dataclasses.replace(_QWEN, image_inputs=("image",)),
-    "QwenImageInpaintPipeline": dataclasses.replace(_QWEN, image_inputs=("image", "mask_image")),
-    "ZImagePipeline": PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0),
-    "ZImageImg2ImgPipeline": PipelineFacts("prompt", ("cond", "uncond"), 5.0, image_inputs=("image",),
-                                           family="Z-Image", cfg_above=0.0),
-    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana"),
-    "PixArtSigmaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma"),
+    "QwenImageImg2ImgPipeline": dataclasses.replace(_QWEN, image_inputs=("image",), scheduler_methods=_NOISING),
+    "QwenImageInpaintPipeline": dataclasses.replace(_QWEN, image_inputs=("image", "mask_image"),
+                                                    scheduler_methods=_NOISING),
+    "ZImagePipeline": _ZIMAGE,
+    "ZImageImg2ImgPipeline": dataclasses.replace(_ZIMAGE, image_inputs=("image",), scheduler_methods=_NOISING),
+    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana", bench_call=_EXACT_SIZE),
+    "PixArtSigmaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma",
+                                         bench_call=_EXACT_SIZE),
 }  # fmt: skip
 PIPELINES.update(_FLOW_VARIANTS)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import json
 import statistics
 import threading
@@ -87,19 +88,28 @@ def make_inputs(
         kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
     elif facts.cfg_sequence:  # true CFG (Flux, Qwen-Image) runs only with a negative prompt
         kwargs[facts.guidance_arg] = facts.default_guidance if guidance is None else guidance
-        if kwargs[facts.guidance_arg] > facts.cfg_above:
+        takes_negative = "negative_prompt" in inspect.signature(pipe.__call__).parameters
+        if kwargs[facts.guidance_arg] > facts.cfg_above and takes_negative:
             kwargs["negative_prompt"] = [" "] * batch
+    kwargs.update(facts.bench_call)
+    if "height" in inspect.signature(pipe.__call__).parameters:
+        side = side or default_side(pipe)
+        kwargs.update(height=side, width=side)
     if facts.image_inputs:
-        _, denoiser = find_denoiser(pipe)
-        side = (
-            side
-            or (getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size)
-            * pipe.vae_scale_factor
-        )
+        side = side or default_side(pipe)
         for i, name in enumerate(facts.image_inputs):
             image = synthetic_image(side, side, seed=i, mask=name == "mask_image")
             kwargs[name] = image if batch == 1 else [image] * batch  # one per prompt (T2I-Adapter needs it)
     return kwargs
+
+
+def default_side(pipe) -> int:
+    """The image side a pipeline generates by default: its default sample size times the VAE's factor."""
+    _, denoiser = find_denoiser(pipe)
+    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size
+    if isinstance(sample, (tuple, list)):
+        sample = sample[0]
+    return int(sample * getattr(pipe, "vae_scale_factor", 1))
 
 
 def synthetic_image(height: int, width: int, seed: int = 0, mask: bool = False) -> Image.Image:

@@ -72,13 +72,25 @@ class CFGIntervalHook(ModelHook):
         def repeat(t: torch.Tensor) -> torch.Tensor:
             return torch.cat([t] * len(branches)) if t.dim() and t.shape[0] == chunk else t
 
+        def rows(value):  # Z-Image passes the batch as lists of per-image tensors
+            return value[lo : lo + chunk] if _tensor_list(value) and len(value) == batch else value
+
+        args, kwargs = tuple(map(rows, args)), {k: rows(v) for k, v in kwargs.items()}
         args, kwargs = map_tensors((args, kwargs), take_cond)
         ctx.branches = ("cond",)
         try:
             output = forward(*args, **kwargs)
         finally:
             ctx.branches = branches
+        if _tensor_list(output) and len(output) == chunk:
+            return output * len(branches)
+        if isinstance(output, tuple) and output and _tensor_list(output[0]) and len(output[0]) == chunk:
+            return (output[0] * len(branches), *output[1:])
         return map_tensors(output, repeat)
+
+
+def _tensor_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, torch.Tensor) for v in value)
 
 
 @register

@@ -93,7 +93,7 @@ def capture_inputs(fp, batch: int = 2, seed: int = 0, guidance: float | None = N
             del fp.pipe._progress_bar_config
         else:
             fp.pipe._progress_bar_config = bar_config
-    if not isinstance(inputs.get("timestep"), torch.Tensor):
+    if "timestep" in inputs and not isinstance(inputs["timestep"], torch.Tensor):  # Z-Image names it t
         inputs["timestep"] = torch.tensor(inputs["timestep"])
     return inputs
 

@@ -331,13 +331,13 @@ def make_pipeline(name: str, size: str = "test", seed: int = 0) -> DiffusionPipe
 
         pipe = make_pipeline("tiny-ddpm", "test", seed=1)
     """
-    from fastdiff.zoo.tiny_flow import FLOW_MAKERS
+    from fastdiff.zoo.tiny_flow import FLOW_MAKERS, make_flow_pipeline
     from fastdiff.zoo.variants import VARIANTS, make_variant
 
     if name in VARIANTS:  # img2img, inpaint, ControlNet, T2I-Adapter over a tiny model's components
         return make_variant(name, size, seed)
     if name in FLOW_MAKERS:  # flow-matching transformers (Flux, SD3, Qwen-Image ...) and PixArt-Sigma
-        return FLOW_MAKERS[name](size, seed)
+        return make_flow_pipeline(name, size, seed)
     if name not in PIPELINE_MAKERS:
         known = ", ".join([*PIPELINE_MAKERS, *FLOW_MAKERS, *VARIANTS])
         raise ValueError(f"unknown tiny model {name!r}; available: {known}")

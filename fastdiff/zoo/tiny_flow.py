@@ -371,7 +371,11 @@ def make_flow_pipeline(name: str, size: str = "test", seed: int = 0) -> Diffusio
     """
     if name not in FLOW_MAKERS:
         raise ValueError(f"unknown tiny flow model {name!r}; available: {', '.join(FLOW_MAKERS)}")
-    return FLOW_MAKERS[name](size, seed)
+    pipe = FLOW_MAKERS[name](size, seed)
+    # the size these pipelines generate when called without height/width (diffusers' attribute; a reloaded
+    # directory gets the family's real default, so pass height/width there)
+    pipe.default_sample_size = _SIZE_PX[size] // pipe.vae_scale_factor
+    return pipe
 
 
 def _build(name: str, out_dir: Path, size: str = "test", seed: int = 0) -> None:

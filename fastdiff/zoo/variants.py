@@ -20,6 +20,15 @@ import numpy as np
 import torch
 from diffusers import (
     ControlNetModel,
+    FluxControlNetModel,
+    FluxControlNetPipeline,
+    FluxImg2ImgPipeline,
+    FluxInpaintPipeline,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
+    SD3ControlNetModel,
+    StableDiffusion3ControlNetPipeline,
+    StableDiffusion3Img2ImgPipeline,
     StableDiffusionAdapterPipeline,
     StableDiffusionControlNetImg2ImgPipeline,
     StableDiffusionControlNetInpaintPipeline,
@@ -44,6 +53,14 @@ VARIANTS = {
     "tiny-sdxl-img2img": ("tiny-sdxl", StableDiffusionXLImg2ImgPipeline, None),
     "tiny-sdxl-inpaint": ("tiny-sdxl", StableDiffusionXLInpaintPipeline, None),
     "tiny-sdxl-controlnet": ("tiny-sdxl", StableDiffusionXLControlNetPipeline, "controlnet"),
+    # (no tiny-sd3-inpaint: StableDiffusion3InpaintPipeline insists on SD3's 16 latent channels; tiny-sd3 has 4)
+    "tiny-flux-img2img": ("tiny-flux", FluxImg2ImgPipeline, None),
+    "tiny-flux-inpaint": ("tiny-flux", FluxInpaintPipeline, None),
+    "tiny-flux-controlnet": ("tiny-flux", FluxControlNetPipeline, "controlnet"),
+    "tiny-sd3-img2img": ("tiny-sd3", StableDiffusion3Img2ImgPipeline, None),
+    "tiny-sd3-controlnet": ("tiny-sd3", StableDiffusion3ControlNetPipeline, "controlnet"),
+    "tiny-qwen-image-img2img": ("tiny-qwen-image", QwenImageImg2ImgPipeline, None),
+    "tiny-qwen-image-inpaint": ("tiny-qwen-image", QwenImageInpaintPipeline, None),
 }
 
 
@@ -53,6 +70,20 @@ def _controlnet(unet, seed: int, vae_factor: int) -> ControlNetModel:
     levels = int(np.log2(vae_factor)) + 1
     channels = (16, 32, 96, 256)[:levels]
     return ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=channels).eval()
+
+
+def _transformer_controlnet(transformer, seed: int):
+    """A ControlNet of one block copied from a Flux or SD3 transformer (diffusers' ``from_transformer``)."""
+    torch.manual_seed(seed + 1)
+    config = transformer.config
+    if type(transformer).__name__.startswith("Flux"):
+        return FluxControlNetModel.from_transformer(
+            transformer, num_layers=1, num_single_layers=1, attention_head_dim=config.attention_head_dim,
+            num_attention_heads=config.num_attention_heads,
+        ).eval()  # fmt: skip
+    return SD3ControlNetModel.from_transformer(
+        transformer, num_layers=1, num_extra_conditioning_channels=0
+    ).eval()
 
 
 def _adapter(unet, seed: int, vae_factor: int) -> T2IAdapter:
@@ -71,7 +102,9 @@ def make_variant(name: str, size: str = "test", seed: int = 0, base=None):
     base = base if base is not None else make_pipeline(base_name, size, seed)
     factor = base.vae_scale_factor
     kwargs = {}
-    if extra == "controlnet":
+    if extra == "controlnet" and hasattr(base, "transformer"):
+        kwargs["controlnet"] = _transformer_controlnet(base.transformer, seed)
+    elif extra == "controlnet":
         kwargs["controlnet"] = _controlnet(base.unet, seed, factor)
     elif extra == "adapter":
         kwargs["adapter"] = _adapter(base.unet, seed, factor)
@@ -85,6 +118,9 @@ def sibling(pipe, cls=None, **components):
     level = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()  # from_pipe warns about dtype casts it does not make here
     try:
-        return (cls or type(pipe)).from_pipe(pipe, **components)
+        twin = (cls or type(pipe)).from_pipe(pipe, **components)
     finally:
         diffusers_logging.set_verbosity(level)
+    if "default_sample_size" in pipe.__dict__:  # a tiny build's own default size (fastdiff.zoo.tiny_flow)
+        twin.default_sample_size = pipe.default_sample_size
+    return twin
