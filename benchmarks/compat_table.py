@@ -16,13 +16,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from fastdiff.eval.compat import MATRIX_SPECS, check_cell
+from fastdiff.eval.compat import MATRIX_SPECS, check_cell, matrix_spec
 from fastdiff.zoo.tiny import make_pipeline
 
 VARIANTS = (
     "tiny-sd", "tiny-sd-img2img", "tiny-sd-inpaint", "tiny-sd-controlnet", "tiny-sd-controlnet-img2img",
     "tiny-sd-controlnet-inpaint", "tiny-sd-adapter", "tiny-sdxl", "tiny-sdxl-img2img", "tiny-sdxl-inpaint",
-    "tiny-sdxl-controlnet", "tiny-dit", "tiny-ddpm",
+    "tiny-sdxl-controlnet", "tiny-dit", "tiny-ddpm", "tiny-flux", "tiny-flux-schnell", "tiny-flux-img2img",
+    "tiny-flux-inpaint", "tiny-flux-controlnet", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-sd3-img2img",
+    "tiny-sd3-controlnet", "tiny-sana", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-qwen-image-img2img",
+    "tiny-qwen-image-inpaint", "tiny-zimage",
 )  # fmt: skip
 
 
@@ -75,7 +78,7 @@ def main() -> None:
         pipe = make_pipeline(variant)
         pipe.set_progress_bar_config(disable=True)
         for accelerator in accelerators:
-            cell = check_cell(pipe, MATRIX_SPECS[accelerator], variant)
+            cell = check_cell(pipe, matrix_spec(accelerator, pipe), variant)
             cells.append(dict(variant=variant, accelerator=accelerator, spec=cell.spec, status=cell.status,
                               notes=cell.notes, failures=cell.failures))  # fmt: skip
             bar.update()

@@ -77,25 +77,11 @@ PIPELINES: dict[str, PipelineFacts] = {
 # Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
 # (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
 # Qwen-Image does by default. default_guidance is the default of guidance_arg.
-_FLUX = PipelineFacts(
-    "prompt",
-    (),
-    3.5,
-    cfg_sequence=("cond", "uncond"),
-    guidance_arg="true_cfg_scale",
-    passes_sigmas="always",
-    family="Flux",
-)
+_FLUX = PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
+                      passes_sigmas="always", passes_mu=True, family="Flux")  # fmt: skip
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
-_QWEN = PipelineFacts(
-    "prompt",
-    (),
-    4.0,
-    cfg_sequence=("cond", "uncond"),
-    guidance_arg="true_cfg_scale",
-    passes_sigmas="always",
-    family="Qwen-Image",
-)
+_QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
+                      passes_sigmas="always", passes_mu=True, family="Qwen-Image")  # fmt: skip
 _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
 _NOISING = (
     "scale_noise",

@@ -60,6 +60,18 @@ MATRIX_SPECS = {
     "compile": "compile(backend=eager)",
     "experts": "experts(models=self|self,boundaries=0.5)",
 }
+# Flow-matching models take the flow presets (the others are refused on them: fastdiff.schedulers.presets).
+FLOW_SPECS = {"scheduler": "scheduler(name=flow-unipc)"}
+
+
+def matrix_spec(accelerator: str, pipe) -> str:
+    """The matrix setting of ``accelerator`` for ``pipe``: flow models get the flow sampler preset."""
+    from fastdiff.core.models import model_prediction
+
+    flow = model_prediction(pipe.scheduler) == "flow"
+    return (FLOW_SPECS if flow else {}).get(accelerator, MATRIX_SPECS[accelerator])
+
+
 # Accelerators that need a file made for one model (a trained adapter, a tuned schedule, a trained classifier)
 # or a running process group: no one setting applies to every variant in one process, so their own tests cover
 # apply/remove and the refusals.
