@@ -110,6 +110,11 @@ class FastPipeline:
                 raise ValueError(
                     f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)"
                 )
+        if looks_local:  # components saved as absent (SD3 without its T5) load only when passed as None
+            index = json.loads((path / "model_index.json").read_text())
+            for name, value in index.items():
+                if value == [None, None] and not name.startswith("_"):
+                    kwargs.setdefault(name, None)
         pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
         _own_weights(pipe)
         if device is not None:

@@ -181,9 +181,11 @@ def model_prompts(pipe) -> list[str] | None:
     return json.loads(path.read_text())["bench_prompts"] if path.is_file() else None
 
 
-@register_quality("StableDiffusionPipeline")
+@register_quality("StableDiffusion3Pipeline")  # digits-flow
+@register_quality("StableDiffusionPipeline")  # digits-sd
 def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
-    """Accuracy (label: the digit each prompt names), FD and FD floor for digits-sd; {} for other SD models.
+    """Accuracy (label: the digit each prompt names), FD and FD floor for digits-sd and digits-flow; {} for other
+    models of their classes (they ship no bench prompts).
 
     Example::
 

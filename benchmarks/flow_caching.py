@@ -1,0 +1,204 @@
+"""Caching on digits-flow: fastdiff's blockcache/forecast against diffusers' own cache hooks, side by side.
+
+Every config runs on one loaded digits-flow pipeline (flow Euler 28 steps, guidance 4, the bench prompts cycled,
+one torch thread), interleaved: one untimed warm-up call each on a small batch, then ``--runs`` rounds of one
+timed call per config in a rotating order. Per config: process CPU seconds (one thread: the compute cost, far
+less disturbed by other processes than wall time), the speedup over the first config, the fraction of steps
+whose last transformer block computed its attention (``computed``: the noise-free companion of the timing), and the quality of
+the timed call's images: accuracy and FD (digits-sd's scorer) and PSNR against the first config.
+
+diffusers' hooks are applied with its ``apply_first_block_cache`` / ``apply_taylorseer_cache`` /
+``apply_mag_cache`` (SD3Transformer2DModel is no ``CacheMixin``, so ``enable_cache`` is missing) and removed by
+name after each call. StableDiffusion3Pipeline sets no cache context, so this script sets one around every call (the context
+``cond`` covers the whole guidance batch, as one transformer call per step carries both branches). MagCache
+needs ratios calibrated on the model: measured here first with ``MagCacheConfig(calibrate=True)``.
+
+Config syntax (``--config NAME=SETTING``): a fastdiff spec, or ``hf-fbc:THRESHOLD``,
+``hf-taylorseer:INTERVAL:WARMUP:ORDER``, ``hf-magcache:THRESHOLD:MAX_SKIP``.
+
+Command::
+
+    .venv/bin/python benchmarks/flow_caching.py --model /work/digits-flow-build/bench --images 500 --runs 2 \\
+        --config euler-28=none --config fd-fbc=blockcache(mode=first-block,threshold=0.1) \\
+        --config hf-fbc=hf-fbc:0.1
+
+Writes ``benchmarks/results/flow_caching.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.hooks import (
+    FirstBlockCacheConfig,
+    HookRegistry,
+    MagCacheConfig,
+    ModelHook,
+    TaylorSeerCacheConfig,
+    apply_first_block_cache,
+    apply_mag_cache,
+    apply_taylorseer_cache,
+)
+from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+from fastdiff import FastPipeline
+from fastdiff.core.hooks import install_hook
+from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.quality import digits_sd_quality
+from fastdiff.zoo.digit_captions import bench_prompts
+
+RESULTS = Path(__file__).parent / "results"
+STEPS, GUIDANCE = 28, 4.0
+
+
+class Count(ModelHook):
+    """Counts the calls of a module (the last block's attention: skipped whenever a cache skips or reuses it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return args, kwargs
+
+
+APPLY = {FirstBlockCacheConfig: apply_first_block_cache, TaylorSeerCacheConfig: apply_taylorseer_cache,
+         MagCacheConfig: apply_mag_cache}  # fmt: skip
+
+
+def hook_names(module) -> set[str]:
+    return {n for m in module.modules() if hasattr(m, "_diffusers_hook") for n in m._diffusers_hook.hooks}
+
+
+def calibrate_magcache(fp, prompts) -> list[float]:
+    """MagCache's per-step magnitude ratios for this model, from one calibration call (diffusers prints them)."""
+    config = MagCacheConfig(calibrate=True, num_inference_steps=STEPS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run(fp, ("diffusers", config), prompts)
+    ratios = re.findall(r"\[([^\]]+)\]", out.getvalue())
+    if not ratios:
+        raise RuntimeError(f"MagCache calibration printed no ratios: {out.getvalue()[-300:]}")
+    return [float(x) for x in ratios[-1].split(",")]
+
+
+def setting(text: str, mag_ratios=None):
+    """(kind, setting) of a config: ("none", None), ("fastdiff", spec) or ("diffusers", diffusers config)."""
+    if text == "none":
+        return ("none", None)
+    if not text.startswith("hf-"):
+        return ("fastdiff", text)
+    name, *args = text.split(":")
+    if name == "hf-fbc":
+        return ("diffusers", FirstBlockCacheConfig(threshold=float(args[0])))
+    if name == "hf-taylorseer":
+        interval, warmup, order = map(int, args)
+        return ("diffusers", TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=warmup,
+                                                   max_order=order, taylor_factors_dtype=torch.float32))  # fmt: skip
+    if name == "hf-magcache":
+        return ("diffusers", MagCacheConfig(threshold=float(args[0]), max_skip_steps=int(args[1]),
+                                            num_inference_steps=STEPS, mag_ratios=mag_ratios))  # fmt: skip
+    raise ValueError(f"unknown diffusers config {text!r}; use hf-fbc, hf-taylorseer or hf-magcache")
+
+
+def run(fp, config, prompts, seed: int = 0):
+    """One call of ``fp`` with ``config`` applied and removed around it: (images, CPU seconds, computed steps)."""
+    kind, value = config
+    transformer = fp.denoiser
+    counter = Count()
+    count = install_hook(transformer.transformer_blocks[-1].attn, counter, "benchmark.count")
+    handle = fp.accelerate(value) if kind == "fastdiff" else None
+    if kind == "diffusers":
+        before = hook_names(transformer)
+        APPLY[type(value)](transformer, value)
+        added = hook_names(transformer) - before
+        _set_cache_context(transformer, CacheContext("cond"))
+    try:
+        start = time.process_time()
+        images = fp(prompt=prompts, guidance_scale=GUIDANCE, num_inference_steps=STEPS, output_type="np",
+                    generator=torch.Generator().manual_seed(seed)).images  # fmt: skip
+        seconds = time.process_time() - start
+    finally:
+        if handle is not None:
+            handle.remove()
+        if kind == "diffusers":
+            _set_cache_context(transformer, None)
+            registry = HookRegistry.check_if_exists_or_initialize(transformer)
+            for name in added:
+                registry.remove_hook(name, recurse=True)
+        count.remove()
+    return images, seconds, counter.calls / STEPS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a digits-flow pipeline directory")
+    parser.add_argument("--config", action="append", required=True, metavar="NAME=SETTING")
+    parser.add_argument("--images", type=int, default=500)
+    parser.add_argument("--warmup-images", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--out", default=str(RESULTS / "flow_caching.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from fastdiff.zoo.reference_flow import load_flow_pipeline
+
+    fp = FastPipeline(load_flow_pipeline(args.model))
+    fp.set_progress_bar_config(disable=True)
+    base = bench_prompts()
+    prompts = [base[i % len(base)] for i in range(args.images)]
+    texts = [c.split("=", 1) for c in args.config]
+    ratios = (
+        calibrate_magcache(fp, prompts[: args.warmup_images])
+        if any("hf-magcache" in t for _, t in texts)
+        else None
+    )
+    configs = {name: setting(text, ratios) for name, text in texts}
+    rows = {name: {"name": name, "setting": text, "cpu_seconds": []} for name, text in texts}
+    for name, config in configs.items():  # warm-up, and the computed fraction on a small batch
+        rows[name]["computed_warmup"] = run(fp, config, prompts[: args.warmup_images])[2]
+    names = list(configs)
+    for r in range(args.runs):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            images, seconds, computed = run(fp, configs[name], prompts)
+            row = rows[name]
+            row["cpu_seconds"].append(round(seconds, 2))
+            row["computed"] = round(computed, 4)
+            if r == 0:
+                row.update(
+                    {
+                        k: float(v)
+                        for k, v in digits_sd_quality(fp.pipe, {"prompt": prompts}, images, 0).items()
+                    }
+                )
+                row["images"] = images
+            print(name, row["cpu_seconds"], row["computed"], row.get("accuracy"), row.get("fd"), flush=True)
+    first = rows[names[0]]
+    for row in rows.values():
+        row["cpu_median"] = float(np.median(row["cpu_seconds"]))
+        row["speedup"] = round(first["cpu_median"] / row["cpu_median"], 3)
+        row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
+    for row in rows.values():
+        row.pop("images")
+    result = {"model": args.model, "steps": STEPS, "guidance": GUIDANCE, "images": args.images, "runs": args.runs,
+              "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(
+        f"{'config':28s} {'cpu s':>8s} {'speedup':>8s} {'computed':>9s} {'acc':>6s} {'fd':>7s} {'psnr':>6s}"
+    )
+    for row in rows.values():
+        print(f"{row['name']:28s} {row['cpu_median']:8.2f} {row['speedup']:8.3f} {row['computed']:9.3f} "
+              f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row['psnr'] if row['psnr'] is not None else '-':>6}")  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
