@@ -125,3 +125,21 @@ def test_cpu_workers_get_a_core_each_when_there_are_enough():
         assert pin_to_cores(1, 2, 1) == {cores[1]} == os.sched_getaffinity(0)
     finally:
         os.sched_setaffinity(0, cores)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_flow_transformer_with_batched_guidance_gives_the_single_process_images(tmp_path):
+    """SD3 batches (uncond, cond) like SD: each rank runs one branch of the flow transformer; Flux's true CFG runs
+    its branches as separate calls, which mode=cfg refuses."""
+    sd3 = build("tiny-sd3", tmp_path / "sd3", size="test")
+    call = dict(CALL, height=32, width=32)
+    specs = ["scheduler(name=flow-unipc,steps=4)", "blockcache(mode=interval,interval=2)"]
+    single = generate(0, 1, str(sd3), specs, call)
+    two = launch(generate, 2, str(sd3), [f"{s};parallel(mode=cfg,devices=2)" for s in specs], call)
+    for spec in specs:
+        np.testing.assert_allclose(two[f"{spec};parallel(mode=cfg,devices=2)"]["images"], single[spec]["images"],
+                                   atol=1e-5, err_msg=spec)  # fmt: skip
+    flux = FastPipeline.from_pretrained(build("tiny-flux", tmp_path / "flux", size="test"))
+    with pytest.raises(AcceleratorError, match="classifier-free guidance"):
+        flux.accelerate("parallel(mode=cfg,devices=2)")
