@@ -60,3 +60,20 @@ def test_every_preset_samples_or_is_refused_at_apply(variant):
     assert applied, f"no sampler preset fits {variant}"
     np.testing.assert_array_equal(_call(fp, pipe, steps=3), base)
     fp.unwrap()
+
+
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_caches_act_on_every_family(variant):
+    """forecast skips denoiser calls and blockcache(mode=interval) reuses layer outputs on every family (Z-Image's
+    per-image output lists included), so neither can run silently as a no-op."""
+    pipe = pipe_of(variant)
+    fp = FastPipeline(pipe)
+    handle = fp.accelerate("forecast(order=1,interval=2,warmup=2)")
+    assert np.isfinite(_call(fp, pipe, steps=6)).all()
+    assert fp.context.nfe < fp.context.denoiser_calls, fp.context  # separate-call CFG: 2 calls a step
+    handle.remove()
+    handle = fp.accelerate("blockcache(mode=interval,interval=2)")
+    assert np.isfinite(_call(fp, pipe, steps=6)).all()
+    assert handle.handles[0].state.skipped > 0
+    handle.remove()
+    fp.unwrap()

@@ -34,7 +34,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.core.tensors import batch_size_of, map_tensors
+from fastdiff.core.tensors import batch_size_of, map_tensors, stack_image_lists, unstack_like
 
 HOOK_NAME = "fastdiff.forecast"
 # Largest noise gain (sum of |Lagrange weights|) of a fit: 3 is a line extrapolated one point-spacing ahead.
@@ -85,7 +85,8 @@ class ForecastHook(ModelHook):
         self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
         self.call_index = -1
         self.history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}  # branch -> [(step, chunks)]
-        self.template = None  # output structure of the last full evaluation
+        self.template = None  # output structure of the last full evaluation (per-image lists stacked)
+        self.layout = None  # that output as the denoiser returned it
 
     def new_forward(self, module, *args, **kwargs):
         ctx = self.context
@@ -97,9 +98,10 @@ class ForecastHook(ModelHook):
             return self.fn_ref.original_forward(*args, **kwargs)  # not a batch we can split by branch
         chunk = batch // len(branches)
         if self._can_predict(step, branches, chunk):
-            return self._predict(step, branches)
+            return unstack_like(self._predict(step, branches), self.layout, batch)
         output = self.fn_ref.original_forward(*args, **kwargs)
-        self._record(step, branches, chunk, output)
+        self.layout = output  # where per-image lists are (Z-Image): predictions are split back into them
+        self._record(step, branches, chunk, stack_image_lists(output, batch))
         return output
 
     def _can_predict(self, step: int, branches: tuple[str, ...], chunk: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -269,11 +270,15 @@ def block_io(block):
     from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 
     try:
-        return TransformerBlockRegistry.get(type(block))
+        io = TransformerBlockRegistry.get(type(block))
     except ValueError:
         if type(block).__name__ != "SanaTransformerBlock":
             raise UnsupportedModelError(f"no block facts for {type(block).__name__}") from None
         return TransformerBlockMetadata(return_hidden_states_index=0, _cls=type(block))
+    params = list(inspect.signature(type(block).forward).parameters)[1:]
+    if io.hidden_states_argument_name not in params:  # diffusers names Z-Image's ``x`` hidden_states
+        io = dataclasses.replace(io, hidden_states_argument_name=params[0], _cached_parameter_indices=None)
+    return io
 
 
 def denoiser_facts(module, accelerator: str) -> DenoiserFacts:

@@ -27,3 +27,36 @@ def batch_size_of(args: tuple, kwargs: dict) -> int | None:
     if isinstance(sample, list) and sample and all(isinstance(s, torch.Tensor) for s in sample):
         return len(sample)  # Z-Image takes its batch as a list of per-image latents
     return sample.shape[0] if isinstance(sample, torch.Tensor) and sample.dim() else None
+
+
+def _per_image_list(value, batch: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == batch
+        and all(isinstance(v, torch.Tensor) for v in value)
+        and len({tuple(v.shape) for v in value}) == 1
+    )
+
+
+def stack_image_lists(value: Any, batch: int) -> Any:
+    """``value`` with every list of ``batch`` same-shaped tensors (Z-Image's per-image outputs) stacked batch-first."""
+    if _per_image_list(value, batch):
+        return torch.stack(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(stack_image_lists(v, batch) for v in value)
+    if isinstance(value, dict):
+        items = {k: stack_image_lists(v, batch) for k, v in value.items()}
+        return type(value)(**items) if dataclasses.is_dataclass(value) else type(value)(items)
+    return value
+
+
+def unstack_like(value: Any, template: Any, batch: int) -> Any:
+    """Undo ``stack_image_lists``: where ``template`` held a per-image list, ``value``'s tensor becomes one again."""
+    if _per_image_list(template, batch):
+        return list(value.unbind(0))
+    if isinstance(template, (tuple, list)):
+        return type(template)(unstack_like(v, t, batch) for v, t in zip(value, template))
+    if isinstance(template, dict):
+        items = {k: unstack_like(value[k], t, batch) for k, t in template.items()}
+        return type(template)(**items) if dataclasses.is_dataclass(template) else type(template)(items)
+    return value
