@@ -25,16 +25,9 @@ import numpy as np
 import torch
 
 from fastdiff.core.context import ContextHook, CountHook, StepContext
+from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
-from fastdiff.core.models import (
-    PIPELINES,
-    UnsupportedModelError,
-    adapter_layout,
-    cfg_enabled,
-    find_denoiser,
-    foreign_forward,
-    refuse_foreign_patches,
-)
+from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser
 from fastdiff.core.registry import (
     Accelerator,
     AcceleratorError,

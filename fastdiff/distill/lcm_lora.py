@@ -22,8 +22,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastdiff.core.foreign import adapter_layout
 from fastdiff.core.hooks import Handle, HandleGroup
-from fastdiff.core.models import adapter_layout, require_prediction
+from fastdiff.core.models import require_prediction
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
 
