@@ -14,7 +14,8 @@ from diffusers.hooks import ModelHook
 from helpers import call, call_kwargs, tiny_pipe
 
 import fastdiff
-from fastdiff import AcceleratorError, FastPipeline
+from fastdiff import AcceleratorError, FastPipeline, UnsupportedModelError
+from fastdiff.core.calls import CallArgumentError, max_steps
 from fastdiff.core.hooks import install_hook
 from fastdiff.core.registry import REGISTRY, available, conflict_reason
 from fastdiff.schedulers import PRESETS
@@ -154,11 +155,29 @@ def test_conflicting_pair_is_refused_before_anything_changes(sd):
 
 def test_bad_calls(sd):
     kwargs = call_kwargs(sd.pipe)
-    with pytest.raises(ValueError, match="num_inference_steps must be a positive integer"):
-        sd(**{**kwargs, "num_inference_steps": 0})
+    for steps in (0, -2, 2.5, "3", True):
+        with pytest.raises(CallArgumentError, match="num_inference_steps=.* a positive integer") as error:
+            sd(**{**kwargs, "num_inference_steps": steps})
+        assert error.value.argument == "num_inference_steps" and isinstance(error.value, ValueError)
+    # tiny-sd's DDIM (1000 training steps, leading spacing, steps_offset 1) indexes past its table at 1000
+    with pytest.raises(
+        CallArgumentError, match="num_inference_steps=1000 .* at most 999 with this DDIMScheduler"
+    ):
+        sd(**{**kwargs, "num_inference_steps": 1000})
+    assert max_steps(sd.pipe.scheduler) == 999
     factor = sd.size_factor()
-    with pytest.raises(ValueError, match=f"height=33 must be a positive multiple of {factor}"):
+    with pytest.raises(CallArgumentError, match=f"height=33 .* a positive multiple of {factor}"):
         sd(**kwargs, height=33, width=32)
+    assert sd.context.call_index == 0  # refused before any model work
+
+
+def test_unsupported_models_are_accelerator_errors_and_video_patches_size():
+    assert issubclass(UnsupportedModelError, AcceleratorError)
+    fp = FastPipeline(tiny_pipe("tiny-dit"))
+    fp.denoiser.register_to_config(
+        patch_size=(1, 2, 2)
+    )  # a video transformer patches (frames, height, width)
+    assert fp.size_factor() == 2  # DiTPipeline has no vae_scale_factor: the patch alone
 
 
 def test_lcm_on_non_lcm_model_warns(sd):

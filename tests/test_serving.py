@@ -23,6 +23,7 @@ import uvicorn
 from PIL import Image
 
 from fastdiff.serving import Engine, ServeConfig, create_app
+from fastdiff.serving.schemas import Limits
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import install_digits
 
@@ -215,7 +216,14 @@ def test_validation_422_names_the_field(digits, tmp_path):
                 assert r.status_code == 422, (body, r.text)
                 fields = [e["loc"][-1] for e in r.json()["detail"]]
                 assert field in fields, (body, r.json())
-        for raw in (b'{"label": 3,', b"", b"[1, 2]", b"label=3", b'{"label": NaN}'):
+        for raw in (
+            b'{"label": 3,',
+            b"",
+            b"[1, 2]",
+            b"label=3",
+            b'{"label": NaN}',
+            b'{"label": 3, "prompt": "\xff\xfe"}',
+        ):
             r = httpx.post(f"{url}/v1/generate", content=raw, headers={"Content-Type": "application/json"})
             assert r.status_code == 422, (raw, r.text)
         r = httpx.post(f"{url}/v1/generate", json={"label": 1, "count": 2}, headers={"Accept": "image/png"})
@@ -225,6 +233,21 @@ def test_validation_422_names_the_field(digits, tmp_path):
         assert (
             httpx.post(f"{url}/v1/generate", json={"label": 1, "steps": 2}).status_code == 200
         )  # still serving
+
+
+@pytest.mark.timeout(60)
+def test_steps_the_models_own_scheduler_cannot_take_are_a_422(tmp_path):
+    """--max-steps allows 1000, but tiny-sd's saved DDIM (leading spacing, steps_offset 1) serves at most 999:
+    the library's check refuses it before any model work, and the server answers 422 naming steps."""
+    model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
+    with running(model, {"plain": ""}, limits=Limits(max_steps=1000)) as url:
+        r = httpx.post(f"{url}/v1/generate", json={"prompt": "a cat", "steps": 1000})
+        assert r.status_code == 422, r.text
+        assert (
+            r.json()["detail"][0]["loc"] == ["body", "steps"]
+            and "at most 999" in r.json()["detail"][0]["msg"]
+        )
+        assert httpx.post(f"{url}/v1/generate", json={"prompt": "a cat", "steps": 2}).status_code == 200
 
 
 @pytest.mark.timeout(60)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastdiff.core.calls import check_size, check_steps
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
@@ -270,14 +271,13 @@ class FastPipeline:
         return output
 
     def _check_call(self, kwargs: dict) -> None:
-        steps = kwargs.get("num_inference_steps")
-        if steps is not None and (not isinstance(steps, int) or steps <= 0):
-            raise ValueError(f"num_inference_steps must be a positive integer, got {steps!r}")
+        """``CallArgumentError`` (a ValueError) for steps or sizes the model or its scheduler cannot take."""
+        if kwargs.get("num_inference_steps") is not None:
+            check_steps(self.pipe.scheduler, kwargs["num_inference_steps"])
         factor = self.size_factor()
         for key in ("height", "width"):
-            size = kwargs.get(key)
-            if size is not None and (size <= 0 or size % factor):
-                raise ValueError(f"{key}={size} must be a positive multiple of {factor} for this model")
+            if kwargs.get(key) is not None:
+                check_size(key, kwargs[key], factor)
 
     def size_factor(self) -> int:
         """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling."""

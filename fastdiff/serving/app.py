@@ -29,12 +29,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from fastdiff.core.calls import CallArgumentError
 from fastdiff.serving.batcher import Batcher, Job, QueueFull
 from fastdiff.serving.engine import Engine
 from fastdiff.serving.metrics import Metrics
 from fastdiff.serving.schemas import MAX_SEED, GenerateResponse, Limits, Timings
 
 log = logging.getLogger("fastdiff.serving")
+# the request field behind each pipeline call argument the library checks
+REQUEST_FIELDS = {"num_inference_steps": "steps", "height": "height", "width": "width"}
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,13 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         arrived = time.perf_counter()
         body = await _read_body(request, config.limits.max_body_bytes)
         try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RequestValidationError(
+                [{"type": "json_invalid", "loc": ("body", error.start), "input": None,
+                  "msg": f"the body is not UTF-8 (byte {error.start}: {body[error.start:error.start + 1]!r})"}]
+            ) from None  # fmt: skip
+        try:
             req = Request_.model_validate_json(body)
         except ValidationError as error:
             # via pydantic's JSON (a NaN input becomes null): every error stays JSON-serializable
@@ -160,6 +170,11 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             return JSONResponse(
                 {"detail": f"timed out after {config.timeout_s:g} s (--timeout-s); dropped"}, 504
             )
+        except CallArgumentError as error:  # the model or its scheduler cannot take this request's values
+            field = REQUEST_FIELDS.get(error.argument, error.argument)
+            raise RequestValidationError(
+                [{"type": "value_error", "loc": ("body", field), "input": error.value, "msg": str(error)}]
+            ) from None
         except (ValueError, FloatingPointError) as error:
             log.warning("generation failed: %s", error)
             return JSONResponse({"detail": f"generation failed: {error}"}, 500)
