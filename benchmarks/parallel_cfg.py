@@ -4,7 +4,8 @@ Run alone on the 2-core machine (both cores are needed), under the shared lock::
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_cfg.py   # results/parallel_cfg.json
 
-Models: tiny-sd (bench size, guidance 7.5, 2 prompts) and the digits reference (guidance 2, 100 images).
+Models: tiny-sd (bench size, guidance 7.5, 2 prompts), the digits reference (guidance 2, 100 images) and, with
+``--models digits-flow --flow-model DIR``, digits-flow (flow Euler 28, guidance 4, 100 images).
 Each setting runs in freshly launched worker processes (one for the baseline, two for parallel): one untimed
 warm-up call, then ``--runs`` timed calls alternating baseline and parallel; the speedup is the ratio of the
 median wall times. The images of the two settings are compared (max absolute difference, pixels in [0, 1]).
@@ -26,14 +27,15 @@ from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SAMPLER = "scheduler(name=dpm++2m,steps=20)"
+SAMPLERS = {"digits-flow": "scheduler(name=flow-euler,steps=28)"}  # the others: dpm++2m 20
+CALLS = {"tiny-sd": (2, 7.5), "digits": (100, 2.0), "digits-flow": (100, 4.0)}  # images, guidance
 
 
-def measure(model, call: dict, runs: int) -> dict:
+def measure(model, call: dict, runs: int, sampler: str = "scheduler(name=dpm++2m,steps=20)") -> dict:
     single, two, diffs = [], [], []
     for _ in range(runs):  # alternate, so load changes hit both settings
-        one = launch(generate, 1, str(model), [SAMPLER], call, 0, True)[SAMPLER]
-        par_spec = f"{SAMPLER};parallel(mode=cfg,devices=2)"
+        one = launch(generate, 1, str(model), [sampler], call, 0, True)[sampler]
+        par_spec = f"{sampler};parallel(mode=cfg,devices=2)"
         par = launch(generate, 2, str(model), [par_spec], call, 0, True)[par_spec]
         single.append(one["seconds"])
         two.append(par["seconds"])
@@ -46,22 +48,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    parser.add_argument("--models", default="tiny-sd,digits", help="of tiny-sd, digits, digits-flow")
+    parser.add_argument(
+        "--flow-model", type=Path, help="the digits-flow directory (for --models digits-flow)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "parallel_cfg.json")
     args = parser.parse_args()
-    from diffusers import DiffusionPipeline
+    from fastdiff import FastPipeline
 
-    models = {"tiny-sd": build("tiny-sd", args.cache / "tiny-sd-bench", size="bench"),
-              "digits": ensure_digits(args.cache / "digits")}  # fmt: skip
+    makers = {"tiny-sd": lambda: build("tiny-sd", args.cache / "tiny-sd-bench", size="bench"),
+              "digits": lambda: ensure_digits(args.cache / "digits"), "digits-flow": lambda: args.flow_model}  # fmt: skip
     out = {}
-    for name, model in models.items():
-        pipe = DiffusionPipeline.from_pretrained(model)
-        call = make_inputs(pipe, 100 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
+    for name in args.models.split(","):
+        model = makers[name]()
+        pipe = FastPipeline.from_pretrained(model).pipe
+        call = make_inputs(pipe, *CALLS[name])
+        sampler = SAMPLERS.get(name, "scheduler(name=dpm++2m,steps=20)")
         out[name] = {
+            "sampler": sampler,
             "call": {k: v for k, v in call.items() if k != "prompt"},
-            **measure(model, call, args.runs),
+            **measure(model, call, args.runs, sampler),
         }
         print(name, json.dumps({k: v for k, v in out[name].items() if k != "call"}), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "parallel_cfg.json").write_text(json.dumps(out, indent=2))
+    args.out.write_text(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":
