@@ -1,4 +1,5 @@
-"""Helpers shared by the test modules: tiny pipelines, seeded calls, PSNR, call counters, a branch splitter.
+"""Helpers shared by the test modules: tiny pipelines, seeded calls, PSNR, call counters, a branch splitter,
+fresh weight copies and image checks for the zoo tests, and the checks both Gaussian-mixture models share.
 
 Imported as ``from helpers import ...``: pytest puts tests/ on sys.path (rootdir-relative ``prepend``
 import mode, no ``__init__.py`` here), as it does for conftest.py.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -18,6 +20,8 @@ from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
 
 from fastdiff import FastPipeline
+from fastdiff.zoo import ZOO, build
+from fastdiff.zoo.gmm_exact import ode_error
 from fastdiff.zoo.tiny import make_pipeline
 
 PROMPTS = ("a red fox", "a blue car")
@@ -153,3 +157,121 @@ def assert_dead_rank_ends_the_run(model, specs: str, call: dict, step: int) -> N
     assert time.monotonic() - start < 90 and len(failed.value.pids) == 2
     alive = [p for p in failed.value.pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not alive
+
+
+def in_fresh_memory(pipe):
+    """Copy every weight into a fresh (aligned) allocation.
+
+    from_pretrained maps weights straight out of the safetensors files; after a tensor with an odd
+    number of floats (e.g. a 3-channel conv bias) the following ones sit at 4-byte-aligned addresses and
+    the CPU matmul kernels then round differently (about 1e-6), so exact comparison needs copies.
+    """
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                tensor.data = tensor.data.clone()
+    return pipe
+
+
+def saved_zoo_pipelines(tmp_path_factory, names, make) -> dict[str, tuple[DiffusionPipeline, Path]]:
+    """For each zoo model of ``names``: (in-memory pipeline ``make(name, "test", seed=0)``, progress bar off;
+    the directory ``fastdiff.zoo.build`` wrote with its registered builder at size "test", seed 0)."""
+    pipelines = {}
+    for name in names:
+        assert ZOO[name][1] == ("test", "bench")
+        directory = build(name, tmp_path_factory.mktemp(name), size="test", seed=0)
+        pipe = make(name, "test", seed=0)
+        pipe.set_progress_bar_config(disable=True)
+        pipelines[name] = (pipe, directory)
+    return pipelines
+
+
+def assert_plausible_images(images: np.ndarray, shape: tuple[int, ...] = (1, 32, 32, 3)) -> None:
+    """``images`` have ``shape``, are finite, lie in [0, 1] and are not constant."""
+    assert images.shape == shape
+    assert np.isfinite(images).all() and images.min() >= 0.0 and images.max() <= 1.0
+    assert images.std() > 0.01, "a random-weight model should still give a non-constant image"
+
+
+# -- the exact Gaussian-mixture models (tests/test_gmm.py, tests/test_gmm_flow.py) ---------------------------
+
+
+def sample_mixture(denoiser, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` float64 draws (count, D) from the mixture of a GMM denoiser: components, then their noise."""
+    mixture = denoiser.mixture()
+    component = torch.multinomial(mixture["weights"], count, replacement=True, generator=generator)
+    noise = torch.randn(count, mixture["means"].shape[1], generator=generator, dtype=torch.float64)
+    return mixture["means"][component] + mixture["stds"][component] * noise
+
+
+def orthogonality_z_scores(target: torch.Tensor, prediction: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """z-scores of E[(target - prediction) * g(x)] for g in {1, x, sin(2 x)}, per dimension.
+
+    E[target | x] is the only function of x whose residual is orthogonal to every g(x); by the CLT each
+    sample mean is ~N(0, SE^2) under that hypothesis: all z-scores are ~N(0, 1) iff prediction = E[target | x].
+    """
+    residual = target - prediction
+    scores = []
+    for feature in (torch.ones_like(x), x, torch.sin(2 * x)):
+        product = residual * feature
+        scores.append(product.mean(0) / (product.std(0) / product.shape[0] ** 0.5))
+    return torch.cat(scores)
+
+
+def assert_forward_dtype_and_per_sample_timesteps(denoiser, timesteps: torch.Tensor) -> torch.Tensor:
+    """A batch of 3 at 3 ``timesteps`` matches each sample alone; float32 in, float32 out; float64 kept.
+
+    Returns the (3, 1, 8, 8) input.
+    """
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    batched = denoiser(x, timesteps).sample
+    assert batched.dtype == torch.float32
+    for row, t in enumerate(timesteps):
+        assert torch.allclose(batched[row], denoiser(x[row : row + 1], t).sample[0], atol=1e-6)
+    assert denoiser(x.double(), 5, return_dict=False)[0].dtype == torch.float64
+    return x
+
+
+def assert_mixture_statistics(samples: torch.Tensor, mixture: dict[str, torch.Tensor]) -> None:
+    """``samples`` (N, C, H, W) look drawn from ``mixture``: the fraction nearest each component within 0.08
+    of its weight (binomial SE <= 0.022 at N = 512), residuals standardized by it with mean ~0, variance ~1."""
+    count = len(samples)
+    flat = samples.reshape(count, -1)
+    log_likelihood = (
+        -0.5 * (((flat[:, None] - mixture["means"]) / mixture["stds"]) ** 2).sum(-1)
+        - mixture["stds"].log().sum(-1)
+        + mixture["weights"].log()
+    )
+    component = log_likelihood.argmax(-1)
+    fractions = torch.bincount(component, minlength=len(mixture["weights"])).double() / count
+    assert (fractions - mixture["weights"]).abs().max() < 0.08
+    standardized = (flat - mixture["means"][component]) / mixture["stds"][component]
+    assert standardized.mean().abs() < 0.1
+    assert 0.8 < standardized.var() < 1.2
+
+
+def assert_quality_matches_exact_solve(pipe, quality, exact_samples, initial_noise) -> None:
+    """The registered ``quality`` evaluator of a GMM pipeline gives the ODE error against a direct exact
+    solve from the same noise, the same again from its cache, and a plausible value for 8 steps."""
+    call_kwargs = {"batch_size": 16, "num_inference_steps": 8, "generator": torch.Generator().manual_seed(5)}
+    images = pipe(**call_kwargs).images
+    result = quality(pipe, call_kwargs, images, seed=5)
+    expected = ode_error(images, exact_samples(pipe, initial_noise(pipe, 16, seed=5)))
+    assert result == {"ode_error": pytest.approx(expected, rel=1e-12)}
+    assert quality(pipe, call_kwargs, images, seed=5) == result  # cached, same answer
+    assert 0.1 < result["ode_error"] < 3
+
+
+def assert_gmm_round_trip(pipe, build, path, pipeline_cls, denoiser_cls) -> DiffusionPipeline:
+    """``build(path, size="test", seed=0)`` reloads (offline) as ``pipeline_cls`` over ``denoiser_cls`` with
+    ``pipe``'s mixture buffers and images; returns the reloaded pipeline."""
+    build(path, size="test", seed=0)
+    loaded = DiffusionPipeline.from_pretrained(str(path))
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded, pipeline_cls) and isinstance(loaded.unet, denoiser_cls)
+    for name in ("means", "stds", "log_weights"):
+        assert torch.equal(getattr(loaded.unet, name), getattr(pipe.unet, name))
+    kwargs = dict(batch_size=8, num_inference_steps=10, output_type="pt")
+    original = pipe(**kwargs, generator=torch.Generator().manual_seed(2)).images
+    assert torch.equal(loaded(**kwargs, generator=torch.Generator().manual_seed(2)).images, original)
+    return loaded

@@ -12,7 +12,6 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     DEISMultistepScheduler,
-    DiffusionPipeline,
     DPMSolverMultistepScheduler,
     DPMSolverSinglestepScheduler,
     EulerAncestralDiscreteScheduler,
@@ -21,6 +20,14 @@ from diffusers import (
     LCMScheduler,
     PNDMScheduler,
     UniPCMultistepScheduler,
+)
+from helpers import (
+    assert_forward_dtype_and_per_sample_timesteps,
+    assert_gmm_round_trip,
+    assert_mixture_statistics,
+    assert_quality_matches_exact_solve,
+    orthogonality_z_scores,
+    sample_mixture,
 )
 
 from fastdiff.zoo import ZOO
@@ -49,27 +56,6 @@ def pipe():
     pipeline = GMMPipeline(unet=GMMDenoiser(mixture_seed=0), scheduler=default_scheduler())
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
-
-
-def sample_mixture(denoiser: GMMDenoiser, count: int, generator: torch.Generator) -> torch.Tensor:
-    mixture = denoiser.mixture()
-    component = torch.multinomial(mixture["weights"], count, replacement=True, generator=generator)
-    noise = torch.randn(count, mixture["means"].shape[1], generator=generator, dtype=torch.float64)
-    return mixture["means"][component] + mixture["stds"][component] * noise
-
-
-def orthogonality_z_scores(eps: torch.Tensor, prediction: torch.Tensor, x_t: torch.Tensor) -> torch.Tensor:
-    """z-scores of E[(eps - prediction) * g(x_t)] for g in {1, x_t, sin(2 x_t)}, per dimension.
-
-    E[eps | x_t] is the only function of x_t whose residual is orthogonal to every g(x_t); by the CLT each
-    sample mean is ~N(0, SE^2) under that hypothesis.
-    """
-    residual = eps - prediction
-    scores = []
-    for feature in (torch.ones_like(x_t), x_t, torch.sin(2 * x_t)):
-        product = residual * feature
-        scores.append(product.mean(0) / (product.std(0) / product.shape[0] ** 0.5))
-    return torch.cat(scores)
 
 
 @pytest.mark.parametrize("timestep", [20, 300, 650.5, 999])
@@ -117,35 +103,15 @@ def test_timestep_to_sigma_matches_the_schedulers(pipe):
 
 
 def test_forward_dtype_and_per_sample_timesteps(pipe):
-    denoiser = pipe.unet
-    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    timesteps = torch.tensor([10.0, 500.0, 999.0])
-    batched = denoiser(x, timesteps).sample
-    assert batched.dtype == torch.float32
-    for row, t in enumerate(timesteps):
-        assert torch.allclose(batched[row], denoiser(x[row : row + 1], t).sample[0], atol=1e-6)
-    assert denoiser(x.double(), 5, return_dict=False)[0].dtype == torch.float64
+    assert_forward_dtype_and_per_sample_timesteps(pipe.unet, torch.tensor([10.0, 500.0, 999.0]))
 
 
 def test_exact_solution_is_deterministic_and_has_the_mixture_statistics(pipe):
-    denoiser = pipe.unet
     noise = initial_noise(pipe, 512, seed=3)
     first = exact_samples(pipe, noise, rtol=1e-6, atol=1e-6)
     assert torch.equal(first, exact_samples(pipe, noise, rtol=1e-6, atol=1e-6))
-    mixture = denoiser.mixture()
-    flat = first.reshape(512, -1)
-    log_likelihood = (
-        -0.5 * (((flat[:, None] - mixture["means"]) / mixture["stds"]) ** 2).sum(-1)
-        - mixture["stds"].log().sum(-1)
-        + mixture["weights"].log()
-    )
-    component = log_likelihood.argmax(-1)
-    fractions = torch.bincount(component, minlength=len(mixture["weights"])).double() / 512
     # Binomial SE is at most 0.022 at n=512; the noise is N(0, I), not exactly p_T, hence the small allowance.
-    assert (fractions - mixture["weights"]).abs().max() < 0.08
-    standardized = (flat - mixture["means"][component]) / mixture["stds"][component]
-    assert standardized.mean().abs() < 0.1
-    assert 0.8 < standardized.var() < 1.2
+    assert_mixture_statistics(first, pipe.unet.mixture())
 
 
 def run_counted(pipe, scheduler, steps: int, batch: int, seed: int):
@@ -234,13 +200,7 @@ def test_output_types_latents_and_errors(pipe):
 
 
 def test_quality_evaluator_matches_a_direct_exact_solve(pipe):
-    call_kwargs = {"batch_size": 16, "num_inference_steps": 8, "generator": torch.Generator().manual_seed(5)}
-    images = pipe(**call_kwargs).images
-    result = gmm_quality(pipe, call_kwargs, images, seed=5)
-    expected = ode_error(images, exact_samples(pipe, initial_noise(pipe, 16, seed=5)))
-    assert result == {"ode_error": pytest.approx(expected, rel=1e-12)}
-    assert gmm_quality(pipe, call_kwargs, images, seed=5) == result  # cached, same answer
-    assert 0.1 < result["ode_error"] < 3
+    assert_quality_matches_exact_solve(pipe, gmm_quality, exact_samples, initial_noise)
 
 
 def test_save_load_round_trip_offline(tmp_path, monkeypatch, pipe):
@@ -248,16 +208,7 @@ def test_save_load_round_trip_offline(tmp_path, monkeypatch, pipe):
     # diffusers finds the pipeline as diffusers.GMMPipeline (set when fastdiff.zoo.gmm is imported).
     assert diffusers.GMMPipeline is GMMPipeline
     assert ZOO["gmm"] == (build_gmm, ("test", "bench"))
-    path = tmp_path / "gmm"
-    build_gmm(path, size="test", seed=0)
-    loaded = DiffusionPipeline.from_pretrained(str(path))
-    loaded.set_progress_bar_config(disable=True)
-    assert isinstance(loaded, GMMPipeline) and isinstance(loaded.unet, GMMDenoiser)
+    loaded = assert_gmm_round_trip(pipe, build_gmm, tmp_path / "gmm", GMMPipeline, GMMDenoiser)
     assert isinstance(loaded.scheduler, DDIMScheduler)
     assert loaded.scheduler.config.timestep_spacing == "trailing" and loaded.scheduler.config.set_alpha_to_one
-    for name in ("means", "stds", "log_weights"):
-        assert torch.equal(getattr(loaded.unet, name), getattr(pipe.unet, name))
-    kwargs = dict(batch_size=8, num_inference_steps=10, output_type="pt")
-    original = pipe(**kwargs, generator=torch.Generator().manual_seed(2)).images
-    assert torch.equal(loaded(**kwargs, generator=torch.Generator().manual_seed(2)).images, original)
     assert "generator" in inspect.signature(loaded.__call__).parameters

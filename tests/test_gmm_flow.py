@@ -7,10 +7,17 @@ import numpy as np
 import pytest
 import torch
 from diffusers import (
-    DiffusionPipeline,
     DPMSolverMultistepScheduler,
     FlowMatchEulerDiscreteScheduler,
     UniPCMultistepScheduler,
+)
+from helpers import (
+    assert_forward_dtype_and_per_sample_timesteps,
+    assert_gmm_round_trip,
+    assert_mixture_statistics,
+    assert_quality_matches_exact_solve,
+    orthogonality_z_scores,
+    sample_mixture,
 )
 
 from fastdiff.eval import QUALITY
@@ -91,23 +98,11 @@ def test_velocity_is_finite_at_both_ends(pipe):
     assert torch.equal(denoiser.means, GMMDenoiser(mixture_seed=0).means)  # the gmm mixture of the seed
 
 
-def orthogonality_z_scores(target: torch.Tensor, prediction: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """z-scores of E[(target - prediction) g(x)] for g in {1, x, sin 2x}: all ~N(0, 1) iff prediction = E[.|x]."""
-    residual, scores = target - prediction, []
-    for feature in (torch.ones_like(x), x, torch.sin(2 * x)):
-        product = residual * feature
-        scores.append(product.mean(0) / (product.std(0) / product.shape[0] ** 0.5))
-    return torch.cat(scores)
-
-
 @pytest.mark.parametrize("s", [0.1, 0.5, 0.9])
 def test_velocity_is_the_conditional_expectation_monte_carlo(pipe, s):
-    denoiser, mixture = pipe.unet, pipe.unet.mixture()
+    denoiser = pipe.unet
     generator = torch.Generator().manual_seed(1)
-    component = torch.multinomial(mixture["weights"], 20_000, replacement=True, generator=generator)
-    x0 = mixture["means"][component] + mixture["stds"][component] * torch.randn(
-        20_000, 64, generator=generator, dtype=torch.float64
-    )
+    x0 = sample_mixture(denoiser, 20_000, generator)
     eps = torch.randn(x0.shape, generator=generator, dtype=torch.float64)
     x = (1 - s) * x0 + s * eps
     exact = denoiser(x.reshape(-1, 1, 8, 8), 1000 * s).sample.reshape(x.shape)
@@ -135,37 +130,19 @@ def test_timesteps_map_back_to_the_schedulers_sigmas(pipe, name, shift, toleranc
 
 def test_forward_dtype_and_per_sample_timesteps(pipe):
     denoiser = pipe.unet
-    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    timesteps = torch.tensor([0.0, 500.0, 1000.0])
-    batched = denoiser(x, timesteps).sample
-    assert batched.dtype == torch.float32
-    for row, t in enumerate(timesteps):
-        assert torch.allclose(batched[row], denoiser(x[row : row + 1], t).sample[0], atol=1e-6)
-    assert denoiser(x.double(), 5, return_dict=False)[0].dtype == torch.float64
+    x = assert_forward_dtype_and_per_sample_timesteps(denoiser, torch.tensor([0.0, 500.0, 1000.0]))
     with pytest.raises(ValueError, match="expected 1 or the batch size 3"):
         denoiser(x, torch.tensor([1.0, 2.0]))
 
 
 def test_exact_solution_is_deterministic_and_has_the_mixture_statistics(pipe):
-    mixture = pipe.unet.mixture()
     noise = initial_noise(pipe, 512, seed=3)
     first = exact_samples(pipe, noise)
     assert torch.equal(first, exact_samples(pipe, noise))
     # Tolerances: a much tighter solve moves the answer by ~1e-10.
     assert ode_error(first, exact_samples(pipe, noise, rtol=1e-13, atol=1e-13)) < 1e-8
-    flat = first.reshape(512, -1)
-    log_likelihood = (
-        -0.5 * (((flat[:, None] - mixture["means"]) / mixture["stds"]) ** 2).sum(-1)
-        - mixture["stds"].log().sum(-1)
-        + mixture["weights"].log()
-    )
-    component = log_likelihood.argmax(-1)
-    fractions = torch.bincount(component, minlength=len(mixture["weights"])).double() / 512
     # At s = 1 the marginal is exactly N(0, I), so the ODE transports z to the mixture: binomial SE <= 0.022.
-    assert (fractions - mixture["weights"]).abs().max() < 0.08
-    standardized = (flat - mixture["means"][component]) / mixture["stds"][component]
-    assert standardized.mean().abs() < 0.1
-    assert 0.8 < standardized.var() < 1.2
+    assert_mixture_statistics(first, pipe.unet.mixture())
 
 
 def test_euler_ode_error_falls_at_first_order(pipe, reference):
@@ -214,29 +191,16 @@ def test_output_types_latents_and_errors(pipe):
 
 def test_quality_evaluator_matches_a_direct_exact_solve(pipe):
     assert QUALITY["GMMFlowPipeline"] is gmm_flow_quality
-    call_kwargs = {"batch_size": 16, "num_inference_steps": 8, "generator": torch.Generator().manual_seed(5)}
-    images = pipe(**call_kwargs).images
-    result = gmm_flow_quality(pipe, call_kwargs, images, seed=5)
-    expected = ode_error(images, exact_samples(pipe, initial_noise(pipe, 16, seed=5)))
-    assert result == {"ode_error": pytest.approx(expected, rel=1e-12)}
-    assert gmm_flow_quality(pipe, call_kwargs, images, seed=5) == result  # cached, same answer
-    assert 0.1 < result["ode_error"] < 3
+    assert_quality_matches_exact_solve(pipe, gmm_flow_quality, exact_samples, initial_noise)
 
 
 def test_save_load_round_trip_offline(tmp_path, monkeypatch, pipe):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert diffusers.GMMFlowPipeline is GMMFlowPipeline
     assert ZOO["gmm-flow"] == (build_gmm_flow, ("test", "bench"))
-    path = tmp_path / "gmm-flow"
-    build_gmm_flow(path, size="test", seed=0)
-    loaded = DiffusionPipeline.from_pretrained(str(path))
-    loaded.set_progress_bar_config(disable=True)
-    assert isinstance(loaded, GMMFlowPipeline) and isinstance(loaded.unet, GMMFlowDenoiser)
+    loaded = assert_gmm_round_trip(
+        pipe, build_gmm_flow, tmp_path / "gmm-flow", GMMFlowPipeline, GMMFlowDenoiser
+    )
     assert (
         isinstance(loaded.scheduler, FlowMatchEulerDiscreteScheduler) and loaded.scheduler.config.shift == 1.0
     )
-    for name in ("means", "stds", "log_weights"):
-        assert torch.equal(getattr(loaded.unet, name), getattr(pipe.unet, name))
-    kwargs = dict(batch_size=8, num_inference_steps=10, output_type="pt")
-    original = pipe(**kwargs, generator=torch.Generator().manual_seed(2)).images
-    assert torch.equal(loaded(**kwargs, generator=torch.Generator().manual_seed(2)).images, original)

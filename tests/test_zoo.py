@@ -8,9 +8,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from diffusers import DiffusionPipeline  # noqa: E402
+from helpers import assert_plausible_images, in_fresh_memory, saved_zoo_pipelines  # noqa: E402
 from transformers import CLIPTokenizer  # noqa: E402
 
-from fastdiff.zoo import ZOO, build  # noqa: E402
+from fastdiff.zoo import build  # noqa: E402
 from fastdiff.zoo.tiny import PIPELINE_MAKERS, make_pipeline, make_tiny_sd  # noqa: E402
 from fastdiff.zoo.tokenizer import COMMON_WORDS, make_clip_tokenizer, write_vocab_files  # noqa: E402
 
@@ -28,33 +29,10 @@ def generate(pipe, name: str, guidance_scale: float | None = None, seed: int = 0
     return pipe(PROMPT, guidance_scale=guidance_scale or 7.5, **kwargs).images
 
 
-def in_fresh_memory(pipe):
-    """Copy every weight into a fresh (aligned) allocation.
-
-    from_pretrained maps weights straight out of the safetensors files; after a tensor with an odd
-    number of floats (e.g. a 3-channel conv bias) the following ones sit at 4-byte-aligned addresses and
-    the CPU matmul kernels then round differently (about 1e-6), so exact comparison needs copies.
-    """
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            for tensor in [*component.parameters(), *component.buffers()]:
-                tensor.data = tensor.data.clone()
-    return pipe
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """For each model: (in-memory pipeline, directory its registered builder wrote)."""
-    pipelines = {}
-    for name in MODELS:
-        builder, sizes = ZOO[name]  # registered by importing fastdiff.zoo.tiny
-        assert sizes == ("test", "bench")
-        directory = tmp_path_factory.mktemp(name)
-        builder(directory, size="test", seed=0)
-        pipe = make_pipeline(name, "test", seed=0)
-        pipe.set_progress_bar_config(disable=True)
-        pipelines[name] = (pipe, directory)
-    return pipelines
+    return saved_zoo_pipelines(tmp_path_factory, MODELS, make_pipeline)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +53,7 @@ def test_reloaded_pipeline_generates_the_same_images(name, saved, reloaded):
     assert type(reloaded[name]) is type(in_memory)
 
     expected = generate(in_memory, name)
-    assert expected.shape == (1, 32, 32, 3)
-    assert np.isfinite(expected).all() and expected.min() >= 0.0 and expected.max() <= 1.0
-    assert expected.std() > 0.01, "a random-weight model should still give a non-constant image"
+    assert_plausible_images(expected)
 
     as_loaded = generate(reloaded[name], name)
     np.testing.assert_allclose(as_loaded, expected, atol=1e-5, rtol=0)

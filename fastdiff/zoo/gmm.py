@@ -73,7 +73,78 @@ def make_mixture(
     return {"means": means, "stds": stds, "weights": weights}
 
 
-class GMMDenoiser(ModelMixin, ConfigMixin):
+class MixtureDenoiser(ModelMixin, ConfigMixin):
+    """What the exact mixture denoisers share: the float64 mixture buffers and the per-noise-level batching.
+
+    Subclasses (``GMMDenoiser``, ``fastdiff.zoo.gmm_flow.GMMFlowDenoiser``) call ``_init_mixture`` from their
+    ``register_to_config`` constructors and build their closed forms on ``_responsibilities``.
+    """
+
+    def _init_mixture(
+        self,
+        sample_size: int,
+        in_channels: int,
+        out_channels: int,
+        num_components: int,
+        mixture_seed: int,
+        mean_scale: float,
+        std_min: float,
+        std_max: float,
+    ) -> None:
+        if out_channels != in_channels:
+            raise ValueError(f"out_channels={out_channels} must equal in_channels={in_channels}")
+        dims = in_channels * sample_size * sample_size
+        mixture = make_mixture(mixture_seed, num_components, dims, mean_scale, (std_min, std_max))
+        self.register_buffer("means", mixture["means"])
+        self.register_buffer("stds", mixture["stds"])
+        self.register_buffer("log_weights", mixture["weights"].log())
+
+    def mixture(self) -> dict[str, torch.Tensor]:
+        """The mixture as float64 tensors ``means`` (K, D), ``stds`` (K, D), ``weights`` (K,)."""
+        return {
+            "means": self.means.double(),
+            "stds": self.stds.double(),
+            "weights": self.log_weights.double().exp(),
+        }
+
+    def _float64_mixture(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(means, stds, log_weights)`` as float64 on ``device``."""
+        return tuple(b.to(device, torch.float64) for b in (self.means, self.stds, self.log_weights))
+
+    @staticmethod
+    def _each_sigma(x: torch.Tensor, sigma, one_sigma) -> torch.Tensor:
+        """``one_sigma(x, float(sigma))`` for a scalar sigma; for (B,) sigmas, once per distinct level."""
+        sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
+        if sigma.numel() == 1:
+            return one_sigma(x, float(sigma))
+        out = torch.empty_like(x)
+        for value in sigma.unique():  # per-sample noise levels: solve each level as one batch
+            rows = (sigma == value).to(x.device)
+            out[rows] = one_sigma(x[rows], float(value))
+        return out
+
+    @staticmethod
+    def _responsibilities(
+        x: torch.Tensor, centers: torch.Tensor, inv_var: torch.Tensor, log_weights: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Responsibilities (B, K) of the components ``N(centers, 1 / inv_var)``, and ``centers * inv_var``.
+
+        Quadratic forms expanded into (B, D) @ (D, K) products: no (B, K, D) temporary, BLAS speed.
+        """
+        scaled = centers * inv_var
+        quadratic = (x**2) @ inv_var.T - 2 * x @ scaled.T + (centers * scaled).sum(-1)
+        log_likelihood = -0.5 * (quadratic - inv_var.log().sum(-1)) + log_weights  # (B, K)
+        return torch.softmax(log_likelihood, dim=-1), scaled
+
+    def _batch_sigma(self, timestep, batch: int) -> torch.Tensor:
+        """``timestep_to_sigma(timestep)`` as a 1-D tensor of 1 or ``batch`` values (else ValueError)."""
+        sigma = self.timestep_to_sigma(timestep).reshape(-1)
+        if sigma.numel() not in (1, batch):
+            raise ValueError(f"timestep has {sigma.numel()} values; expected 1 or the batch size {batch}")
+        return sigma
+
+
+class GMMDenoiser(MixtureDenoiser):
     """Exact epsilon prediction for a diagonal Gaussian mixture; a drop-in for a ``UNet2DModel``.
 
     The mixture lives in float64 buffers (``means``, ``stds``, ``log_weights``) so ``save_pretrained`` /
@@ -103,13 +174,9 @@ class GMMDenoiser(ModelMixin, ConfigMixin):
         beta_schedule: str = "scaled_linear",
     ):
         super().__init__()
-        if out_channels != in_channels:
-            raise ValueError(f"out_channels={out_channels} must equal in_channels={in_channels}")
-        dims = in_channels * sample_size * sample_size
-        mixture = make_mixture(mixture_seed, num_components, dims, mean_scale, (std_min, std_max))
-        self.register_buffer("means", mixture["means"])
-        self.register_buffer("stds", mixture["stds"])
-        self.register_buffer("log_weights", mixture["weights"].log())
+        self._init_mixture(
+            sample_size, in_channels, out_channels, num_components, mixture_seed, mean_scale, std_min, std_max
+        )
         # Same float32 alphas_cumprod the schedulers compute, widened: sigma(t) agrees with theirs exactly.
         table = DDPMScheduler(
             num_train_timesteps=num_train_timesteps,
@@ -130,14 +197,6 @@ class GMMDenoiser(ModelMixin, ConfigMixin):
         """Sigma at t = 0, the smallest sigma of the discrete table."""
         return float(self._log_sigma_table[0].exp())
 
-    def mixture(self) -> dict[str, torch.Tensor]:
-        """The mixture as float64 tensors ``means`` (K, D), ``stds`` (K, D), ``weights`` (K,)."""
-        return {
-            "means": self.means.double(),
-            "stds": self.stds.double(),
-            "weights": self.log_weights.double().exp(),
-        }
-
     def timestep_to_sigma(self, timestep) -> torch.Tensor:
         """Float64 sigma for real-valued timesteps (log-sigma linearly interpolated; clamped to the table).
 
@@ -157,25 +216,12 @@ class GMMDenoiser(ModelMixin, ConfigMixin):
 
         Bypasses ``forward`` (and any hooks on it); the exact ODE solver calls this.
         """
-        sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
-        if sigma.numel() == 1:
-            return self._epsilon_one_sigma(xbar, float(sigma))
-        eps = torch.empty_like(xbar)
-        for value in sigma.unique():  # per-sample noise levels: solve each level as one batch
-            rows = (sigma == value).to(xbar.device)
-            eps[rows] = self._epsilon_one_sigma(xbar[rows], float(value))
-        return eps
+        return self._each_sigma(xbar, sigma, self._epsilon_one_sigma)
 
     def _epsilon_one_sigma(self, xbar: torch.Tensor, sigma: float) -> torch.Tensor:
-        # Quadratic forms expanded into (B, D) @ (D, K) products: no (B, K, D) temporary, BLAS speed.
-        means, stds, log_weights = (
-            b.to(xbar.device, torch.float64) for b in (self.means, self.stds, self.log_weights)
-        )
+        means, stds, log_weights = self._float64_mixture(xbar.device)
         inv_var = 1 / (stds**2 + sigma**2)  # (K, D)
-        scaled_means = means * inv_var
-        quadratic = (xbar**2) @ inv_var.T - 2 * xbar @ scaled_means.T + (means * scaled_means).sum(-1)
-        log_likelihood = -0.5 * (quadratic - inv_var.log().sum(-1)) + log_weights  # (B, K)
-        responsibility = torch.softmax(log_likelihood, dim=-1)
+        responsibility, scaled_means = self._responsibilities(xbar, means, inv_var, log_weights)
         # sum_k r_k * sigma * (xbar - mu_k) / var_k
         return sigma * (xbar * (responsibility @ inv_var) - responsibility @ scaled_means)
 
@@ -185,10 +231,7 @@ class GMMDenoiser(ModelMixin, ConfigMixin):
         Other ``UNet2DModel`` keyword arguments (``class_labels``, ...) are accepted and ignored.
         """
         batch = sample.shape[0]
-        sigma = self.timestep_to_sigma(timestep).reshape(-1).to(sample.device)
-        if sigma.numel() not in (1, batch):
-            raise ValueError(f"timestep has {sigma.numel()} values; expected 1 or the batch size {batch}")
-        sigma = sigma.expand(batch)
+        sigma = self._batch_sigma(timestep, batch).to(sample.device).expand(batch)
         xbar = sample.reshape(batch, -1).double() * (1 + sigma[:, None] ** 2).sqrt()
         eps = self.epsilon_at_sigma(xbar, sigma).reshape(sample.shape).to(sample.dtype)
         return UNet2DOutput(sample=eps) if return_dict else (eps,)
@@ -240,6 +283,21 @@ class GMMPipeline(DiffusionPipeline):
         return_dict: bool = True,
         latents: torch.Tensor | None = None,
     ):
+        device, latents = self._start_latents(batch_size, generator, output_type, latents)
+        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        latents = latents * self.scheduler.init_noise_sigma
+
+        step_kwargs = self._step_kwargs(generator)
+        for t in self.progress_bar(self.scheduler.timesteps):
+            model_input = self.scheduler.scale_model_input(latents, t)
+            eps = self.unet(model_input, t).sample
+            latents = self.scheduler.step(eps, t, latents, **step_kwargs).prev_sample
+        return self._finish(latents, output_type, return_dict)
+
+    def _start_latents(
+        self, batch_size, generator, output_type: str, latents
+    ) -> tuple[torch.device, torch.Tensor]:
+        """Check the call's arguments; ``(device, z)``, z the float32 standard normal start or ``latents``."""
         if output_type not in OUTPUT_TYPES:
             raise ValueError(
                 f"output_type={output_type!r} is not supported; allowed: {', '.join(OUTPUT_TYPES)}"
@@ -253,21 +311,18 @@ class GMMPipeline(DiffusionPipeline):
             latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
         elif tuple(latents.shape) != shape:
             raise ValueError(f"latents have shape {tuple(latents.shape)}; expected {shape}")
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        latents = latents.to(device=device, dtype=torch.float32) * self.scheduler.init_noise_sigma
+        return device, latents.to(device=device, dtype=torch.float32)
 
+    def _step_kwargs(self, generator) -> dict:
         # Only stochastic schedulers (DDPM, Euler ancestral, SDE solvers, LCM) take a generator.
-        step_kwargs = (
+        return (
             {"generator": generator}
             if "generator" in inspect.signature(self.scheduler.step).parameters
             else {}
         )
-        for t in self.progress_bar(self.scheduler.timesteps):
-            model_input = self.scheduler.scale_model_input(latents, t)
-            eps = self.unet(model_input, t).sample
-            latents = self.scheduler.step(eps, t, latents, **step_kwargs).prev_sample
-        self.maybe_free_model_hooks()
 
+    def _finish(self, latents: torch.Tensor, output_type: str, return_dict: bool):
+        self.maybe_free_model_hooks()
         images = latents.permute(0, 2, 3, 1).cpu().numpy() if output_type == "np" else latents
         return ImagePipelineOutput(images=images) if return_dict else (images,)
 
@@ -291,6 +346,7 @@ from fastdiff.zoo.gmm_exact import exact_samples, gmm_quality, ode_error  # noqa
 
 __all__ = [
     "GMMDenoiser",
+    "MixtureDenoiser",
     "GMMPipeline",
     "build_gmm",
     "default_scheduler",

@@ -36,17 +36,30 @@ from scipy.integrate import solve_ivp
 
 from fastdiff.eval import register_quality
 
-# Per denoiser: {(seed, shape): exact samples}; weak keys so a discarded pipeline frees its cache.
+# Per denoiser (VP or flow): {(seed, shape): exact samples}; weak keys free a discarded pipeline's cache.
 _EXACT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def find_denoiser(pipe, method: str, expected: str):
+    """The module of ``pipe`` that has ``method``: ``pipe`` itself, or its ``.unet`` (unwrapped from
+    torch.compile); otherwise TypeError saying ``pipe`` has no such denoiser (``expected``: what to pass)."""
+    module = pipe if hasattr(pipe, method) else getattr(pipe, "unet", None)
+    module = getattr(module, "_orig_mod", module)  # torch.compile wraps the module
+    if not hasattr(module, method):
+        raise TypeError(f"{type(pipe).__name__} has no {expected}")
+    return module
 
 
 def gmm_denoiser(pipe):
     """The ``GMMDenoiser`` of ``pipe`` (a GMMPipeline, a wrapper that forwards ``.unet``, or the denoiser)."""
-    module = pipe if hasattr(pipe, "epsilon_at_sigma") else getattr(pipe, "unet", None)
-    module = getattr(module, "_orig_mod", module)  # torch.compile wraps the module
-    if not hasattr(module, "epsilon_at_sigma"):
-        raise TypeError(f"{type(pipe).__name__} has no GMMDenoiser (expected a GMMPipeline or a GMMDenoiser)")
-    return module
+    return find_denoiser(pipe, "epsilon_at_sigma", "GMMDenoiser (expected a GMMPipeline or a GMMDenoiser)")
+
+
+def standard_noise(denoiser, batch_size: int, seed: int) -> torch.Tensor:
+    """The float32 standard normal (batch_size, C, S, S) draw of ``torch.Generator().manual_seed(seed)``."""
+    config = denoiser.config
+    shape = (batch_size, config.in_channels, config.sample_size, config.sample_size)
+    return randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
 
 
 def initial_noise(pipe, batch_size: int, seed: int) -> torch.Tensor:
@@ -56,9 +69,7 @@ def initial_noise(pipe, batch_size: int, seed: int) -> torch.Tensor:
     >>> initial_noise(GMMDenoiser(), 3, seed=0).shape
     torch.Size([3, 1, 8, 8])
     """
-    config = gmm_denoiser(pipe).config
-    shape = (batch_size, config.in_channels, config.sample_size, config.sample_size)
-    return randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return standard_noise(gmm_denoiser(pipe), batch_size, seed)
 
 
 def exact_samples(
@@ -84,39 +95,55 @@ def exact_samples(
     denoiser = gmm_denoiser(pipe)
     if not 0 <= sigma_end < denoiser.sigma_max:
         raise ValueError(f"sigma_end={sigma_end} must be in [0, sigma_max={denoiser.sigma_max:.4f})")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
     sigma_max = denoiser.sigma_max
     xbar_start = initial_noise.detach().double().cpu().flatten(1) * math.sqrt(1 + sigma_max**2)
+    xbar_end = solve_chunked(
+        denoiser.epsilon_at_sigma, xbar_start, (sigma_max, sigma_end), rtol, atol, method, chunk_size
+    )
+    return (xbar_end / math.sqrt(1 + sigma_end**2)).reshape(initial_noise.shape)
 
+
+def solve_chunked(
+    rhs,
+    start: torch.Tensor,
+    span: tuple[float, float],
+    rtol: float,
+    atol: float,
+    method: str,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Solve ``dx/dt = rhs(x, t)`` over ``span`` from ``start`` (N, D) float64 CPU; x (N, D) at ``span[1]``.
+
+    ``rhs`` maps a (rows, D) float64 tensor and a float time to (rows, D). Rows are solved ``chunk_size`` at a
+    time, each chunk as one system with shared step-size control, with torch on one thread.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # hundreds of small matmuls: extra threads cost more than they save
     try:
         # 128-sample chunks keep the solver's stage vectors in cache: measured ~4x less CPU than 1024 at once.
-        chunks = [
-            _solve_chunk(denoiser, chunk, sigma_max, sigma_end, rtol, atol, method)
-            for chunk in xbar_start.split(chunk_size)
-        ]
+        chunks = [_solve_chunk(rhs, chunk, span, rtol, atol, method) for chunk in start.split(chunk_size)]
     finally:
         torch.set_num_threads(threads)
-    return (torch.cat(chunks) / math.sqrt(1 + sigma_end**2)).reshape(initial_noise.shape)
+    return torch.cat(chunks)
 
 
-def _solve_chunk(denoiser, xbar_start: torch.Tensor, sigma_max: float, sigma_end: float, rtol, atol, method):
-    rows = xbar_start.shape[0]
+def _solve_chunk(rhs, start: torch.Tensor, span: tuple[float, float], rtol, atol, method) -> torch.Tensor:
+    rows = start.shape[0]
 
     @torch.no_grad()
-    def velocity(sigma: float, flat: np.ndarray) -> np.ndarray:
-        return denoiser.epsilon_at_sigma(torch.from_numpy(flat).view(rows, -1), sigma).numpy().ravel()
+    def derivative(t: float, flat: np.ndarray) -> np.ndarray:
+        return rhs(torch.from_numpy(flat).view(rows, -1), t).numpy().ravel()
 
     solution = solve_ivp(
-        velocity,
-        (sigma_max, sigma_end),
-        xbar_start.numpy().ravel(),
+        derivative,
+        span,
+        start.numpy().ravel(),
         method=method,
         rtol=rtol,
         atol=atol,
-        t_eval=[sigma_end],
+        t_eval=[span[1]],
     )
     if not solution.success:
         raise RuntimeError(f"the exact ODE solve failed: {solution.message}")
@@ -162,16 +189,20 @@ def gmm_quality(pipe, call_kwargs: dict, images, seed: int) -> dict[str, float]:
     The noise is regenerated as the pipeline draws it from ``torch.Generator().manual_seed(seed)`` (or taken
     from ``call_kwargs["latents"]``); exact solutions are cached per denoiser by (seed, shape).
     """
-    denoiser = gmm_denoiser(pipe)
-    batch = len(images)
+    return cached_quality(gmm_denoiser(pipe), call_kwargs, images, seed, initial_noise, exact_samples)
+
+
+def cached_quality(denoiser, call_kwargs: dict, images, seed: int, noise_of, solve) -> dict[str, float]:
+    """``{"ode_error": ...}`` of ``images`` against ``solve(denoiser, z)``, z = ``call_kwargs["latents"]`` or
+    else ``noise_of(denoiser, len(images), seed)``; solutions of the latter are cached per denoiser."""
     latents = call_kwargs.get("latents")
     if latents is not None:
-        exact = exact_samples(denoiser, latents)
+        exact = solve(denoiser, latents)
     else:
-        noise = initial_noise(denoiser, batch, seed)
+        noise = noise_of(denoiser, len(images), seed)
         cache = _EXACT_CACHE.setdefault(denoiser, {})
         key = (seed, tuple(noise.shape))
         if key not in cache:
-            cache[key] = exact_samples(denoiser, noise)
+            cache[key] = solve(denoiser, noise)
         exact = cache[key]
     return {"ode_error": ode_error(images, exact)}

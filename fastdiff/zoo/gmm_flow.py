@@ -47,30 +47,26 @@ Example::
 
 from __future__ import annotations
 
-import inspect
-import weakref
+from functools import partial
 from pathlib import Path
 
 import diffusers
-import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, ImagePipelineOutput
-from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.modeling_utils import ModelMixin
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.configuration_utils import register_to_config
+
+# Imported for DiffusionPipeline.from_pretrained, which finds a component's load method by looking its base
+# classes up by name (ModelMixin) in the module model_index.json names, this one.
+from diffusers.models.modeling_utils import ModelMixin  # noqa: F401
 from diffusers.models.unets.unet_2d import UNet2DOutput
-from diffusers.utils.torch_utils import randn_tensor
-from scipy.integrate import solve_ivp
 
 from fastdiff.eval import register_quality
 from fastdiff.zoo import register_model
-from fastdiff.zoo.gmm import OUTPUT_TYPES, GMMPipeline, make_mixture
-from fastdiff.zoo.gmm_exact import ode_error
-
-# Per denoiser: {(seed, shape): exact samples}; weak keys so a discarded pipeline frees its cache.
-_EXACT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+from fastdiff.zoo.gmm import GMMPipeline, MixtureDenoiser
+from fastdiff.zoo.gmm_exact import cached_quality, find_denoiser, ode_error, solve_chunked, standard_noise
 
 
-class GMMFlowDenoiser(ModelMixin, ConfigMixin):
+class GMMFlowDenoiser(MixtureDenoiser):
     """Exact velocity E[eps - x0 | x_s] of a diagonal Gaussian mixture; a drop-in for a ``UNet2DModel``.
 
     Same float64 buffers as ``GMMDenoiser`` (``means``, ``stds``, ``log_weights``, from ``mixture_seed``); all
@@ -95,23 +91,11 @@ class GMMFlowDenoiser(ModelMixin, ConfigMixin):
         num_train_timesteps: int = 1000,
     ):
         super().__init__()
-        if out_channels != in_channels:
-            raise ValueError(f"out_channels={out_channels} must equal in_channels={in_channels}")
+        self._init_mixture(
+            sample_size, in_channels, out_channels, num_components, mixture_seed, mean_scale, std_min, std_max
+        )
         if num_train_timesteps < 1:
             raise ValueError(f"num_train_timesteps={num_train_timesteps} must be >= 1")
-        dims = in_channels * sample_size * sample_size
-        mixture = make_mixture(mixture_seed, num_components, dims, mean_scale, (std_min, std_max))
-        self.register_buffer("means", mixture["means"])
-        self.register_buffer("stds", mixture["stds"])
-        self.register_buffer("log_weights", mixture["weights"].log())
-
-    def mixture(self) -> dict[str, torch.Tensor]:
-        """The mixture as float64 tensors ``means`` (K, D), ``stds`` (K, D), ``weights`` (K,)."""
-        return {
-            "means": self.means.double(),
-            "stds": self.stds.double(),
-            "weights": self.log_weights.double().exp(),
-        }
 
     def timestep_to_sigma(self, timestep) -> torch.Tensor:
         """Float64 s = t / num_train_timesteps, clamped to [0, 1] (the schedulers' t = sigma * 1000).
@@ -124,35 +108,19 @@ class GMMFlowDenoiser(ModelMixin, ConfigMixin):
 
     def velocity_at_sigma(self, x: torch.Tensor, sigma) -> torch.Tensor:
         """E[v | x_s = x] for ``x`` (B, D) float64 at s = ``sigma`` (scalar or (B,)); bypasses ``forward``."""
-        return self._per_sigma(x, sigma, velocity=True)
+        return self._each_sigma(x, sigma, partial(self._one_sigma, velocity=True))
 
     def denoised_at_sigma(self, x: torch.Tensor, sigma) -> torch.Tensor:
         """E[x0 | x_s = x] for ``x`` (B, D) float64 at s = ``sigma`` (scalar or (B,))."""
-        return self._per_sigma(x, sigma, velocity=False)
-
-    def _per_sigma(self, x: torch.Tensor, sigma, velocity: bool) -> torch.Tensor:
-        sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
-        if sigma.numel() == 1:
-            return self._one_sigma(x, float(sigma), velocity)
-        out = torch.empty_like(x)
-        for value in sigma.unique():  # per-sample noise levels: solve each level as one batch
-            rows = (sigma == value).to(x.device)
-            out[rows] = self._one_sigma(x[rows], float(value), velocity)
-        return out
+        return self._each_sigma(x, sigma, partial(self._one_sigma, velocity=False))
 
     def _one_sigma(self, x: torch.Tensor, s: float, velocity: bool) -> torch.Tensor:
-        # Quadratic forms expanded into (B, D) @ (D, K) products: no (B, K, D) temporary, BLAS speed.
-        means, stds, log_weights = (
-            b.to(x.device, torch.float64) for b in (self.means, self.stds, self.log_weights)
-        )
+        means, stds, log_weights = self._float64_mixture(x.device)
         if not 0 <= s <= 1:
             raise ValueError(f"sigma={s} must be in [0, 1]")
         inv_var = 1 / ((1 - s) ** 2 * stds**2 + s**2)  # (K, D), bounded: V >= S^2 / (1 + S^2)
         centers = (1 - s) * means
-        scaled = centers * inv_var
-        quadratic = (x**2) @ inv_var.T - 2 * x @ scaled.T + (centers * scaled).sum(-1)
-        log_likelihood = -0.5 * (quadratic - inv_var.log().sum(-1)) + log_weights  # (B, K)
-        r = torch.softmax(log_likelihood, dim=-1)
+        r, _ = self._responsibilities(x, centers, inv_var, log_weights)
         # gain * d_k / V_k with d_k = x - (1-s) mu_k; velocity: gain = s - (1-s) S^2, offset -mu_k;
         # denoised: gain = (1-s) S^2, offset +mu_k.
         gain = (s - (1 - s) * stds**2) if velocity else (1 - s) * stds**2
@@ -167,9 +135,7 @@ class GMMFlowDenoiser(ModelMixin, ConfigMixin):
         Other ``UNet2DModel`` keyword arguments (``class_labels``, ...) are accepted and ignored.
         """
         batch = sample.shape[0]
-        sigma = self.timestep_to_sigma(timestep).reshape(-1)
-        if sigma.numel() not in (1, batch):
-            raise ValueError(f"timestep has {sigma.numel()} values; expected 1 or the batch size {batch}")
+        sigma = self._batch_sigma(timestep, batch)
         x = sample.reshape(batch, -1).double()
         v = self.velocity_at_sigma(x, sigma.expand(batch) if sigma.numel() > 1 else sigma)
         v = v.reshape(sample.shape).to(sample.dtype)
@@ -214,34 +180,17 @@ class GMMFlowPipeline(GMMPipeline):
         latents: torch.Tensor | None = None,
         mu: float | None = None,
     ):
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(
-                f"output_type={output_type!r} is not supported; allowed: {', '.join(OUTPUT_TYPES)}"
-            )
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        device = self._execution_device
-        config = self.unet.config
-        shape = (batch_size, config.in_channels, config.sample_size, config.sample_size)
-        if latents is None:
-            latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
-        elif tuple(latents.shape) != shape:
-            raise ValueError(f"latents have shape {tuple(latents.shape)}; expected {shape}")
+        device, latents = self._start_latents(batch_size, generator, output_type, latents)
         scheduler = self.scheduler
         extra = {"mu": mu} if mu is not None else {}
         scheduler.set_timesteps(num_inference_steps, device=device, **extra)
-        latents = latents.to(device=device, dtype=torch.float32) * getattr(scheduler, "init_noise_sigma", 1.0)
+        latents = latents * getattr(scheduler, "init_noise_sigma", 1.0)
         scale = getattr(scheduler, "scale_model_input", lambda sample, t: sample)
-        step_kwargs = (
-            {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
-        )
+        step_kwargs = self._step_kwargs(generator)
         for t in self.progress_bar(scheduler.timesteps):
             velocity = self.unet(scale(latents, t), t).sample
             latents = scheduler.step(velocity, t, latents, **step_kwargs).prev_sample
-        self.maybe_free_model_hooks()
-
-        images = latents.permute(0, 2, 3, 1).cpu().numpy() if output_type == "np" else latents
-        return ImagePipelineOutput(images=images) if return_dict else (images,)
+        return self._finish(latents, output_type, return_dict)
 
 
 # DiffusionPipeline.from_pretrained looks the pipeline class up on the diffusers module (the denoiser is found
@@ -261,18 +210,12 @@ def build_gmm_flow(out_dir: Path, size: str, seed: int) -> None:
 
 def flow_denoiser(pipe) -> GMMFlowDenoiser:
     """The ``GMMFlowDenoiser`` of ``pipe`` (a GMMFlowPipeline, a wrapper forwarding ``.unet``, or itself)."""
-    module = pipe if hasattr(pipe, "velocity_at_sigma") else getattr(pipe, "unet", None)
-    module = getattr(module, "_orig_mod", module)  # torch.compile wraps the module
-    if not hasattr(module, "velocity_at_sigma"):
-        raise TypeError(f"{type(pipe).__name__} has no GMMFlowDenoiser (expected a GMMFlowPipeline)")
-    return module
+    return find_denoiser(pipe, "velocity_at_sigma", "GMMFlowDenoiser (expected a GMMFlowPipeline)")
 
 
 def initial_noise(pipe, batch_size: int, seed: int) -> torch.Tensor:
     """The standard normal draw ``GMMFlowPipeline`` makes with ``torch.Generator().manual_seed(seed)``."""
-    config = flow_denoiser(pipe).config
-    shape = (batch_size, config.in_channels, config.sample_size, config.sample_size)
-    return randn_tensor(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return standard_noise(flow_denoiser(pipe), batch_size, seed)
 
 
 def exact_samples(
@@ -294,39 +237,9 @@ def exact_samples(
     denoiser = flow_denoiser(pipe)
     if not 0 <= sigma_end < 1:
         raise ValueError(f"sigma_end={sigma_end} must be in [0, 1)")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
     start = initial_noise.detach().double().cpu().flatten(1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # hundreds of small matmuls: extra threads cost more than they save
-    try:
-        chunks = [
-            _solve_chunk(denoiser, chunk, sigma_end, rtol, atol, method) for chunk in start.split(chunk_size)
-        ]
-    finally:
-        torch.set_num_threads(threads)
-    return torch.cat(chunks).reshape(initial_noise.shape)
-
-
-def _solve_chunk(denoiser, start: torch.Tensor, sigma_end: float, rtol, atol, method) -> torch.Tensor:
-    rows = start.shape[0]
-
-    @torch.no_grad()
-    def velocity(s: float, flat: np.ndarray) -> np.ndarray:
-        return denoiser.velocity_at_sigma(torch.from_numpy(flat).view(rows, -1), s).numpy().ravel()
-
-    solution = solve_ivp(
-        velocity,
-        (1.0, sigma_end),
-        start.numpy().ravel(),
-        method=method,
-        rtol=rtol,
-        atol=atol,
-        t_eval=[sigma_end],
-    )
-    if not solution.success:
-        raise RuntimeError(f"the exact ODE solve failed: {solution.message}")
-    return torch.from_numpy(solution.y[:, -1].copy()).view(rows, -1)
+    end = solve_chunked(denoiser.velocity_at_sigma, start, (1.0, sigma_end), rtol, atol, method, chunk_size)
+    return end.reshape(initial_noise.shape)
 
 
 @register_quality("GMMFlowPipeline")
@@ -336,18 +249,7 @@ def gmm_flow_quality(pipe, call_kwargs: dict, images, seed: int) -> dict[str, fl
     The noise is regenerated as the pipeline draws it (or taken from ``call_kwargs["latents"]``); exact
     solutions are cached per denoiser by (seed, shape).
     """
-    denoiser = flow_denoiser(pipe)
-    latents = call_kwargs.get("latents")
-    if latents is not None:
-        exact = exact_samples(denoiser, latents)
-    else:
-        noise = initial_noise(denoiser, len(images), seed)
-        cache = _EXACT_CACHE.setdefault(denoiser, {})
-        key = (seed, tuple(noise.shape))
-        if key not in cache:
-            cache[key] = exact_samples(denoiser, noise)
-        exact = cache[key]
-    return {"ode_error": ode_error(images, exact)}
+    return cached_quality(flow_denoiser(pipe), call_kwargs, images, seed, initial_noise, exact_samples)
 
 
 __all__ = [

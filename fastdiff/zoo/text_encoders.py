@@ -225,39 +225,44 @@ def t5_config(tokenizer: T5Tokenizer, width: int, layers: int, heads: int) -> T5
     )
 
 
-def gemma2_config(tokenizer: GemmaTokenizer, width: int, layers: int, heads: int) -> Gemma2Config:
-    """A Gemma 2 config (alternating sliding-window / global attention, soft-capped logits)."""
-    return Gemma2Config(
+def _decoder_fields(
+    tokenizer,
+    width: int,
+    layers: int,
+    heads: int,
+    ffn: int,
+    max_positions: int,
+    chatml: bool = False,
+    head_dim: bool = True,
+) -> dict:
+    """The fields every decoder-only text config here shares: sizes (``ffn`` x ``width`` MLP, half as many
+    key/value heads), ``head_dim`` unless told not to, and token ids: the tokenizer's pad/bos/eos, or with
+    ``chatml`` pad as bos and ``<|im_end|>`` as eos (Qwen)."""
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=width,
-        intermediate_size=4 * width,
+        intermediate_size=ffn * width,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
-        head_dim=width // heads,
-        max_position_embeddings=8192,
-        sliding_window=256,
+        max_position_embeddings=max_positions,
         pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id if chatml else tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>") if chatml else tokenizer.eos_token_id,
     )
+    if head_dim:
+        fields["head_dim"] = width // heads
+    return fields
+
+
+def gemma2_config(tokenizer: GemmaTokenizer, width: int, layers: int, heads: int) -> Gemma2Config:
+    """A Gemma 2 config (alternating sliding-window / global attention, soft-capped logits)."""
+    return Gemma2Config(**_decoder_fields(tokenizer, width, layers, heads, 4, 8192), sliding_window=256)
 
 
 def qwen3_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: int) -> Qwen3Config:
     """A Qwen3 config (grouped-query attention with q/k norms)."""
-    return Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=width,
-        intermediate_size=3 * width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-        head_dim=width // heads,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-    )
+    return Qwen3Config(**_decoder_fields(tokenizer, width, layers, heads, 3, 4096, chatml=True))
 
 
 def qwen2_5_vl_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: int) -> Qwen2_5_VLConfig:
@@ -269,17 +274,8 @@ def qwen2_5_vl_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads:
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>")]}  # fmt: skip
     return Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=width,
-            intermediate_size=3 * width,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-            max_position_embeddings=4096,
+            **_decoder_fields(tokenizer, width, layers, heads, 3, 4096, chatml=True, head_dim=False),
             rope_parameters=dict(rope_type="default", mrope_section=section, rope_theta=1e6),
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         ),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=width),
         **ids,
@@ -291,19 +287,9 @@ def mistral3_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: i
     return Mistral3Config(
         text_config=dict(
             model_type="mistral",
-            vocab_size=len(tokenizer),
-            hidden_size=width,
-            intermediate_size=3 * width,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-            head_dim=width // heads,
-            max_position_embeddings=4096,
+            **_decoder_fields(tokenizer, width, layers, heads, 3, 4096),
             sliding_window=None,
             rope_parameters=dict(rope_type="default", rope_theta=1e9),
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
         ),
         vision_config=dict(
             model_type="pixtral",

@@ -143,6 +143,24 @@ def _calm(*layers: torch.nn.Module, scale: float = 0.1) -> None:
                 parameter.mul_(scale)
 
 
+def _transformer(seed: int, cls, **config) -> torch.nn.Module:
+    """The denoiser ``cls(**config)`` built after ``torch.manual_seed(seed)``, its ``proj_out`` calmed."""
+    transformer = _seeded(seed, cls, **config)
+    _calm(transformer.proj_out)
+    return transformer
+
+
+def _pipeline(cls, scheduler, vae, tokenizer, text_encoder, transformer, **more) -> DiffusionPipeline:
+    """``cls`` over these components (``more``: further encoders, pipeline options), in eval mode."""
+    return _in_eval_mode(cls(scheduler=scheduler, vae=vae, tokenizer=tokenizer, text_encoder=text_encoder,
+                             transformer=transformer, **more))  # fmt: skip
+
+
+def _latent_px(size: str) -> int:
+    """Latent side of the KL autoencoders of ``size`` (images of ``_SIZE_PX[size]``)."""
+    return _SIZE_PX[size] // 2 ** (len(_KL_BLOCKS[size]) - 1)
+
+
 def _t5(size: str, seed: int, max_length: int):
     tokenizer = te.make_t5_tokenizer(model_max_length=max_length)
     return tokenizer, _seeded(seed, T5EncoderModel, te.t5_config(tokenizer, **_TEXT[size]))
@@ -155,18 +173,16 @@ def _flux(size: str, seed: int, guidance: bool) -> FluxPipeline:
     vae = _kl_vae(size, seed, 16 if size == "bench" else 4, use_quant_conv=False, use_post_quant_conv=False,
                   scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
     double, single = _FLUX_BLOCKS[size]
-    transformer = _seeded(
+    transformer = _transformer(
         seed, FluxTransformer2DModel, in_channels=4 * vae.config.latent_channels, num_layers=double,
         num_single_layers=single, joint_attention_dim=t5.config.d_model, pooled_projection_dim=clip.config.hidden_size,
         guidance_embeds=guidance, axes_dims_rope=_AXES[size], **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
     scheduler = FlowMatchEulerDiscreteScheduler(
         **(FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER)
     )
-    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tokenizer,
-                        text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer)  # fmt: skip
-    return _in_eval_mode(pipe)
+    return _pipeline(FluxPipeline, scheduler, vae, clip_tokenizer, clip, transformer,
+                     tokenizer_2=t5_tokenizer, text_encoder_2=t5)  # fmt: skip
 
 
 def make_tiny_flux(size: str = "test", seed: int = 0) -> FluxPipeline:
@@ -183,13 +199,11 @@ def make_tiny_flux_schnell(size: str = "test", seed: int = 0) -> FluxPipeline:
 
 def _flux2_transformer(size: str, seed: int, in_channels: int, text_width: int, guidance: bool):
     double, single = _FLUX2_BLOCKS[size]
-    transformer = _seeded(
+    return _transformer(
         seed, Flux2Transformer2DModel, in_channels=in_channels, num_layers=double, num_single_layers=single,
         joint_attention_dim=3 * text_width, axes_dims_rope=(_AXES[size][0],) * 4, guidance_embeds=guidance,
         **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
-    return transformer
 
 
 def _flux2_vae(size: str, seed: int) -> AutoencoderKLFlux2:
@@ -207,9 +221,8 @@ def make_tiny_flux2(size: str = "test", seed: int = 0) -> Flux2Pipeline:
     )
     vae = _flux2_vae(size, seed)
     transformer = _flux2_transformer(size, seed, 4 * vae.config.latent_channels, width, guidance=True)
-    pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER), vae=vae,
-                         text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)  # fmt: skip
-    return _in_eval_mode(pipe)
+    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER)
+    return _pipeline(Flux2Pipeline, scheduler, vae, tokenizer, text_encoder, transformer)
 
 
 def make_tiny_flux2_klein(size: str = "test", seed: int = 0) -> Flux2KleinPipeline:
@@ -220,10 +233,10 @@ def make_tiny_flux2_klein(size: str = "test", seed: int = 0) -> Flux2KleinPipeli
     text_encoder = _seeded(seed, Qwen3ForCausalLM, te.qwen3_config(tokenizer, width, 27, 2))
     vae = _flux2_vae(size, seed)
     transformer = _flux2_transformer(size, seed, 4 * vae.config.latent_channels, width, guidance=False)
-    pipe = Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER), vae=vae,
-                              text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer,
-                              is_distilled=False)  # fmt: skip
-    return _in_eval_mode(pipe)
+    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER)
+    return _pipeline(
+        Flux2KleinPipeline, scheduler, vae, tokenizer, text_encoder, transformer, is_distilled=False
+    )
 
 
 def make_tiny_sd3(size: str = "test", seed: int = 0) -> StableDiffusion3Pipeline:
@@ -238,20 +251,17 @@ def make_tiny_sd3(size: str = "test", seed: int = 0) -> StableDiffusion3Pipeline
     vae = _kl_vae(size, seed, 16 if size == "bench" else 4, use_quant_conv=False, use_post_quant_conv=False,
                   scaling_factor=1.5305, shift_factor=0.0609)  # fmt: skip
     inner = _HEADS[size]["num_attention_heads"] * _HEADS[size]["attention_head_dim"]
-    latent = _SIZE_PX[size] // 2 ** (len(_KL_BLOCKS[size]) - 1)
-    transformer = _seeded(
+    latent = _latent_px(size)
+    transformer = _transformer(
         seed, SD3Transformer2DModel, sample_size=latent, patch_size=2, in_channels=vae.config.latent_channels,
         out_channels=vae.config.latent_channels, num_layers=_LAYERS["sd3"][size], joint_attention_dim=t5_width,
         caption_projection_dim=inner, pooled_projection_dim=2 * clip.config.projection_dim, pos_embed_max_size=latent,
         **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER), vae=vae,
-        text_encoder=clip, tokenizer=tokenizer, text_encoder_2=clip_2, tokenizer_2=tokenizer_2,
-        text_encoder_3=t5, tokenizer_3=t5_tokenizer,
-    )  # fmt: skip
-    return _in_eval_mode(pipe)
+    scheduler = FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER)
+    return _pipeline(StableDiffusion3Pipeline, scheduler, vae, tokenizer, clip, transformer,
+                     tokenizer_2=tokenizer_2, text_encoder_2=clip_2, tokenizer_3=t5_tokenizer,
+                     text_encoder_3=t5)  # fmt: skip
 
 
 def make_tiny_sana(size: str = "test", seed: int = 0) -> SanaPipeline:
@@ -271,17 +281,14 @@ def make_tiny_sana(size: str = "test", seed: int = 0) -> SanaPipeline:
         downsample_block_type="conv", upsample_block_type="interpolate", scaling_factor=0.41407,
     )  # fmt: skip
     heads, head_dim = _HEADS[size]["num_attention_heads"], _HEADS[size]["attention_head_dim"]
-    transformer = _seeded(
+    transformer = _transformer(
         seed, SanaTransformer2DModel, in_channels=vae.config.latent_channels, out_channels=vae.config.latent_channels,
         num_layers=_LAYERS["sana"][size], num_cross_attention_heads=heads, cross_attention_head_dim=head_dim,
         cross_attention_dim=heads * head_dim, caption_channels=text_encoder.config.hidden_size,
-        sample_size=_SIZE_PX[size] // 2 ** (stages - 1), **_HEADS[size],
+        sample_size=_latent_px(size), **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
     scheduler = DPMSolverMultistepScheduler(**SANA_SCHEDULER)
-    pipe = SanaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                        scheduler=scheduler)  # fmt: skip
-    return _in_eval_mode(pipe)
+    return _pipeline(SanaPipeline, scheduler, vae, tokenizer, text_encoder, transformer)
 
 
 def make_tiny_pixart_sigma(size: str = "test", seed: int = 0) -> PixArtSigmaPipeline:
@@ -290,16 +297,13 @@ def make_tiny_pixart_sigma(size: str = "test", seed: int = 0) -> PixArtSigmaPipe
     tokenizer, t5 = _t5(size, seed, 300)
     vae = _kl_vae(size, seed, 4, scaling_factor=0.13025)
     inner = _HEADS[size]["num_attention_heads"] * _HEADS[size]["attention_head_dim"]
-    transformer = _seeded(
-        seed, PixArtTransformer2DModel, sample_size=_SIZE_PX[size] // 2 ** (len(_KL_BLOCKS[size]) - 1),
+    transformer = _transformer(
+        seed, PixArtTransformer2DModel, sample_size=_latent_px(size),
         num_layers=_LAYERS["pixart"][size], patch_size=2, in_channels=4, out_channels=8, cross_attention_dim=inner,
         caption_channels=t5.config.d_model, norm_num_groups=8, **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
     scheduler = DPMSolverMultistepScheduler(**PIXART_SIGMA_SCHEDULER)
-    pipe = PixArtSigmaPipeline(tokenizer=tokenizer, text_encoder=t5, vae=vae, transformer=transformer,
-                               scheduler=scheduler)  # fmt: skip
-    return _in_eval_mode(pipe)
+    return _pipeline(PixArtSigmaPipeline, scheduler, vae, tokenizer, t5, transformer)
 
 
 def make_tiny_qwen_image(size: str = "test", seed: int = 0) -> QwenImagePipeline:
@@ -315,16 +319,13 @@ def make_tiny_qwen_image(size: str = "test", seed: int = 0) -> QwenImagePipeline
         seed, AutoencoderKLQwenImage, base_dim=16, z_dim=z_dim, dim_mult=[1, 2, 4, 4][: stages + 1], num_res_blocks=1,
         temperal_downsample=[False, True, True][:stages], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
     )  # fmt: skip
-    transformer = _seeded(
+    transformer = _transformer(
         seed, QwenImageTransformer2DModel, patch_size=2, in_channels=4 * z_dim, out_channels=z_dim,
         num_layers=_LAYERS["qwen"][size], joint_attention_dim=text_encoder.config.text_config.hidden_size,
         axes_dims_rope=_AXES[size], **_HEADS[size],
     )  # fmt: skip
-    _calm(transformer.proj_out)
     scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
-    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                             transformer=transformer)  # fmt: skip
-    return _in_eval_mode(pipe)
+    return _pipeline(QwenImagePipeline, scheduler, vae, tokenizer, text_encoder, transformer)
 
 
 def make_tiny_zimage(size: str = "test", seed: int = 0) -> ZImagePipeline:
@@ -344,9 +345,8 @@ def make_tiny_zimage(size: str = "test", seed: int = 0) -> ZImagePipeline:
         transformer.x_pad_token.normal_(std=0.02)
         transformer.cap_pad_token.normal_(std=0.02)
     _calm(*transformer.all_final_layer.values())
-    pipe = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER), vae=vae,
-                          text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)  # fmt: skip
-    return _in_eval_mode(pipe)
+    scheduler = FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER)
+    return _pipeline(ZImagePipeline, scheduler, vae, tokenizer, text_encoder, transformer)
 
 
 FLOW_MAKERS: dict[str, Callable[[str, int], DiffusionPipeline]] = {
