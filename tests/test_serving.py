@@ -42,7 +42,7 @@ def free_port() -> int:
 @contextmanager
 def running(model_dir, profiles, **config):
     """A real uvicorn server over a fresh Engine in a thread; yields its base URL."""
-    engine = Engine.load(model_dir, profiles)
+    engine = Engine.load(model_dir, profiles, config.get("limits"))
     app = create_app(engine, ServeConfig(**config))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

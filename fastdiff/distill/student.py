@@ -97,7 +97,8 @@ class Student(DistilledAccelerator):
         den, pipe = fp.denoiser, fp.pipe
         weights = _student_weights(den, folder / fp.denoiser_name, self.path)
         scheduler = _load_scheduler(folder / "scheduler", pipe.scheduler, SchedulerMixin, self.path)
-        if model_prediction(scheduler) != model_prediction(pipe.scheduler):
+        flows = (model_prediction(scheduler) == "flow", model_prediction(pipe.scheduler) == "flow")
+        if flows[0] != flows[1]:  # v / epsilon students of a noise model are fine; a flow one is not
             raise AcceleratorError(
                 f"student: the student at {self.path} predicts {model_prediction(scheduler)}, this "
                 f"{type(den).__name__} {model_prediction(pipe.scheduler)}; distil one from this model"

@@ -72,8 +72,10 @@ class CFGIntervalHook(ModelHook):
         def repeat(t: torch.Tensor) -> torch.Tensor:
             return torch.cat([t] * len(branches)) if t.dim() and t.shape[0] == chunk else t
 
-        def rows(value):  # Z-Image passes the batch as lists of per-image tensors
-            return value[lo : lo + chunk] if _tensor_list(value) and len(value) == batch else value
+        listed = _tensor_list(args[0] if args else None)  # Z-Image passes its batch as per-image lists
+
+        def rows(value):  # (ControlNet residuals are lists too, but of levels: only a listed batch is cut)
+            return value[lo : lo + chunk] if listed and _tensor_list(value) and len(value) == batch else value
 
         args, kwargs = tuple(map(rows, args)), {k: rows(v) for k, v in kwargs.items()}
         args, kwargs = map_tensors((args, kwargs), take_cond)
