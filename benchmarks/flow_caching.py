@@ -121,6 +121,8 @@ def run(fp, config, prompts, seed: int = 0):
         before = hook_names(transformer)
         APPLY[type(value)](transformer, value)
         added = hook_names(transformer) - before
+        # diffusers caches the list of child registries at the first context it sets; hooks added since are new
+        HookRegistry.check_if_exists_or_initialize(transformer)._child_registries_cache = None
         _set_cache_context(transformer, CacheContext("cond"))
     try:
         start = time.process_time()
