@@ -66,15 +66,15 @@ class StepContext:
     def next_call_branches(self, batch: int | None) -> tuple[str, ...]:
         """Branches of the denoiser call now starting; counts it among this step's calls.
 
-        A batch holding every branch of the guidance layout is that layout; otherwise the first call of a step
-        is ``cond`` and a later one is the next of ``cfg_sequence`` (Flux's true CFG: ``uncond``), or a branch
-        of its own (``call2`` ...: SD3's skip-layer guidance) so that no cache mixes it with another.
+        A batch holding every branch of the guidance layout is that layout; otherwise ``cond``, except in
+        pipelines that run guidance as separate calls (``cfg_sequence``: Flux's true CFG), where the k-th call of
+        a step is the k-th branch of the sequence (a call past it gets a branch of its own, ``call2`` ...).
         """
         if self.calls_step != self.step:
             self.calls_step, self.step_calls = self.step, 0
         k, self.step_calls = self.step_calls, self.step_calls + 1
         branches = self.branches_for(batch)
-        if k and branches == ("cond",):
+        if k and branches == ("cond",) and self.cfg_sequence:
             return (self.cfg_sequence[k],) if k < len(self.cfg_sequence) else (f"call{k}",)
         return branches
 
