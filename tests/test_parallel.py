@@ -143,3 +143,6 @@ def test_flow_transformer_with_batched_guidance_gives_the_single_process_images(
     flux = FastPipeline.from_pretrained(build("tiny-flux", tmp_path / "flux", size="test"))
     with pytest.raises(AcceleratorError, match="classifier-free guidance"):
         flux.accelerate("parallel(mode=cfg,devices=2)")
+    zimage = FastPipeline.from_pretrained(build("tiny-zimage", tmp_path / "zimage", size="test"))
+    with pytest.raises(AcceleratorError, match="lists of per-image tensors"):
+        zimage.accelerate("parallel(mode=cfg,devices=2)")

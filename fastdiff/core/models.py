@@ -41,6 +41,7 @@ class PipelineFacts:
     scheduler_methods: tuple[str, ...] = ()  # scheduler methods it calls beyond set_timesteps/step (img2img)
     family: str = ""  # model family named in refusals (empty: the pipeline class name says it)
     cfg_above: float = 1.0  # guidance runs when the guidance argument exceeds this (Z-Image: 0)
+    list_batch: bool = False  # the denoiser takes its batch as lists of per-image tensors (Z-Image)
     # call arguments benchmarks set: generate at the requested size (no resolution bins), captions as given
     bench_call: tuple[tuple[str, object], ...] = ()
 
@@ -84,9 +85,8 @@ _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
 _NOISING = (
     "scale_noise",
 )  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
-_ZIMAGE = PipelineFacts(
-    "prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list", passes_mu=True
-)
+_ZIMAGE = PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list",
+                        list_batch=True, passes_mu=True)  # fmt: skip
 _FLOW_VARIANTS = {
     "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
     "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",), scheduler_methods=_NOISING),

@@ -162,6 +162,11 @@ class Parallel(Accelerator):
                 f"parallel(mode={self.mode}) needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} "
                 f"has none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
             )
+        if "cfg" in self.mode and facts.list_batch:
+            raise UnsupportedModelError(
+                f"parallel(mode={self.mode}) splits batched tensors by branch; {type(fp.pipe).__name__} passes its "
+                "batch as lists of per-image tensors"
+            )
         stages = self.stage_count()
         if self.devices != branches * stages:
             raise AcceleratorError(f"parallel(mode={self.mode}) runs one guidance branch per device: devices must "
