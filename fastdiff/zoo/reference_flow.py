@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -236,21 +235,16 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
 
         build_reference_flow("/tmp/digits-flow", steps=5, threads=1)
     """
-    from fastdiff.zoo.shipped import DATA_DIR, verify_digits
+    from fastdiff.zoo.reference_sd import install_digits_eval
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     out = Path(out_dir)
-    (out / "eval").mkdir(parents=True, exist_ok=True)
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        verify_digits(DATA_DIR)
-        for name in ("classifier.pt", "split.npz"):  # the digits reference's evaluation, shared
-            shutil.copyfile(DATA_DIR / "eval" / name, out / "eval" / name)
-        with np.load(out / "eval" / "split.npz") as split:
-            x_train, y_train = split["x_train"], split["y_train"]
+        x_train, y_train = install_digits_eval(out)
         if not resume:
             (out / "transformer_checkpoint.pt").unlink(missing_ok=True)
         vae, tokenizer, text_encoder = digits_sd_parts(sd_source)

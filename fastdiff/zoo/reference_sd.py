@@ -143,6 +143,18 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
     return ema.text_encoder, ema.unet, report
 
 
+def install_digits_eval(out: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Copy the shipped digits reference's classifier and split (hash-checked) into ``out/eval``; the train split."""
+    from fastdiff.zoo.shipped import DATA_DIR, verify_digits
+
+    (out / "eval").mkdir(parents=True, exist_ok=True)
+    verify_digits(DATA_DIR)
+    for name in ("classifier.pt", "split.npz"):  # the digits reference's evaluation, shared
+        shutil.copyfile(DATA_DIR / "eval" / name, out / "eval" / name)
+    with np.load(out / "eval" / "split.npz") as split:
+        return split["x_train"], split["y_train"]
+
+
 def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae_steps"],
                        unet_steps: int = SIZES["bench"]["unet_steps"], seed: int = 0, resume: bool = False,
                        threads: int | None = None, progress: bool = True) -> Path:  # fmt: skip
@@ -155,22 +167,15 @@ def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae
 
         build_reference_sd("/tmp/digits-sd", vae_steps=5, unet_steps=5, threads=1)
     """
-    from fastdiff.zoo.shipped import DATA_DIR, verify_digits
-
     for name, value in (("vae_steps", vae_steps), ("unet_steps", unet_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     out = Path(out_dir)
-    (out / "eval").mkdir(parents=True, exist_ok=True)
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        verify_digits(DATA_DIR)
-        for name in ("classifier.pt", "split.npz"):  # the digits reference's evaluation, shared
-            shutil.copyfile(DATA_DIR / "eval" / name, out / "eval" / name)
-        with np.load(out / "eval" / "split.npz") as split:
-            x_train, y_train = split["x_train"], split["y_train"]
+        x_train, y_train = install_digits_eval(out)
         if not resume:
             for stale in out.glob("*_checkpoint.pt"):
                 stale.unlink()
