@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
 from helpers import call, call_kwargs, tiny_pipe
@@ -168,7 +169,31 @@ def test_bad_calls(sd):
     factor = sd.size_factor()
     with pytest.raises(CallArgumentError, match=f"height=33 .* a positive multiple of {factor}"):
         sd(**kwargs, height=33, width=32)
+    bad = [
+        ("guidance_scale", float("nan"), "a finite number"), ("guidance_scale", "7", "a finite number"),
+        ("num_images_per_prompt", 0, "a positive integer"), ("output_type", "jpeg", "one of pil, np, pt, latent"),
+        ("generator", [torch.Generator()] * 3, "one generator per image: "),
+    ]  # fmt: skip
+    for argument, value, allowed in bad:
+        with pytest.raises(CallArgumentError, match=allowed) as error:
+            sd(**{**kwargs, argument: value})
+        assert error.value.argument == argument
+    with pytest.raises(CallArgumentError, match="one generator per image: 4 here"):
+        sd(
+            **{
+                **kwargs,
+                "prompt": ["a", "b"],
+                "num_images_per_prompt": 2,
+                "generator": [torch.Generator()] * 2,
+            }
+        )
     assert sd.context.call_index == 0  # refused before any model work
+    handle = sd.limit_steps("a test limit", only={2, 3})
+    with pytest.raises(CallArgumentError, match="num_inference_steps=4 .* a test limit allows only 2, 3"):
+        sd(**{**kwargs, "num_inference_steps": 4})
+    assert sd.allowed_steps().only == {2, 3} and sd.allowed_steps().maximum == 999
+    handle.remove()
+    assert sd.allowed_steps().only is None
 
 
 def test_unsupported_models_are_accelerator_errors_and_video_patches_size():

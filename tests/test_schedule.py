@@ -9,6 +9,7 @@ from diffusers.schedulers import AysSchedules
 
 from fastdiff import FastPipeline
 from fastdiff.cli import schedule as cli
+from fastdiff.core.calls import CallArgumentError
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.schedulers.tuned import TunedSchedule, check_sampler, install_timesteps, model_hash
@@ -103,9 +104,11 @@ def test_mismatched_model_sampler_or_nfe_is_refused(tuned):
     with pytest.raises(AcceleratorError, match="tuned for 4 steps; the step default is 8"):
         fp.accelerate(f"scheduler(name=dpm++2m,steps=8);schedule(path={path})")
     handle = fp.accelerate(f"scheduler(name=dpm++2m);schedule(path={path})")
-    with pytest.raises(AcceleratorError, match="tuned for 4 steps .* asks for 8"):
-        call(fp, num_inference_steps=8)
+    with pytest.raises(CallArgumentError, match=r"num_inference_steps=8 .*\(4 steps\) allows only 4"):
+        call(fp, num_inference_steps=8)  # refused before any model work
+    assert fp.allowed_steps().only == {4}
     handle.remove()
+    assert fp.allowed_steps().only is None
     with pytest.raises(AcceleratorError, match="'ddim' cannot be tuned: .*fixed stride"):
         check_sampler(make_scheduler("ddim", default_scheduler().config), "ddim")
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -59,9 +61,13 @@ def _max_steps(cls, key: str, train: int) -> int:
     return low
 
 
-def check_steps(scheduler, steps) -> None:
+def check_steps(scheduler, steps, limits=()) -> None:
+    """``steps`` against the scheduler's own range and every accelerator's ``StepLimit``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise CallArgumentError("num_inference_steps", steps, "a positive integer")
+    for step_limit in limits:
+        if (problem := step_limit.problem(steps)) is not None:
+            raise CallArgumentError("num_inference_steps", steps, problem)
     limit = max_steps(scheduler)
     if limit is not None and steps > limit:
         raise CallArgumentError(
@@ -74,3 +80,64 @@ def check_steps(scheduler, steps) -> None:
 def check_size(key: str, size, factor: int) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % factor:
         raise CallArgumentError(key, size, f"a positive multiple of {factor} for this model")
+
+
+@dataclass(frozen=True)
+class StepLimit:
+    """What one accelerator lets ``num_inference_steps`` be: ``only`` these counts, or at most ``maximum``."""
+
+    source: str
+    only: frozenset[int] | None = None
+    maximum: int | None = None
+
+    def problem(self, steps: int) -> str | None:
+        if self.only is not None and steps not in self.only:
+            return f"{self.source} allows only {_counts(self.only)}"
+        if self.maximum is not None and steps > self.maximum:
+            return f"{self.source} allows at most {self.maximum}"
+        return None
+
+
+def allowed_steps(scheduler, limits=()) -> StepLimit:
+    """Every limit together: the scheduler's own largest count and each accelerator's ``StepLimit``."""
+    maximum, only = max_steps(scheduler), None
+    for limit in limits:
+        if limit.maximum is not None:
+            maximum = limit.maximum if maximum is None else min(maximum, limit.maximum)
+        if limit.only is not None:
+            only = limit.only if only is None else only & limit.only
+    if only is not None and maximum is not None:
+        only = frozenset(n for n in only if n <= maximum)
+    return StepLimit("together", only, maximum)
+
+
+def _counts(counts) -> str:
+    return ", ".join(map(str, sorted(counts))) or "no step count"
+
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+def check_call_values(kwargs: dict, batch: int | None) -> None:
+    """Guidance, images per prompt, the generator list and ``output_type`` (diffusers would take an unknown
+    ``output_type`` as "np" with a warning, and find a short generator list only after encoding the prompt)."""
+    guidance = kwargs.get("guidance_scale")
+    if guidance is not None and (
+        isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance)
+    ):
+        raise CallArgumentError("guidance_scale", guidance, "a finite number")
+    per_prompt = kwargs.get("num_images_per_prompt")
+    if per_prompt is not None and (
+        isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1
+    ):
+        raise CallArgumentError("num_images_per_prompt", per_prompt, "a positive integer")
+    output_type = kwargs.get("output_type")
+    if output_type is not None and output_type not in OUTPUT_TYPES:
+        raise CallArgumentError("output_type", output_type, f"one of {', '.join(OUTPUT_TYPES)}")
+    generator = kwargs.get("generator")
+    if isinstance(generator, list) and batch is not None:
+        images = batch * (per_prompt or 1)
+        if len(generator) != images:
+            raise CallArgumentError(
+                "generator", f"a list of {len(generator)}", f"one generator per image: {images} here"
+            )

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdiff.core.calls import check_size, check_steps
+from fastdiff.core.calls import StepLimit, allowed_steps, check_call_values, check_size, check_steps
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
@@ -72,6 +72,7 @@ class FastPipeline:
             _active=[],
             _adapters=None,  # peft adapter layout while a weight-changing accelerator is active
             _defaults={},
+            _step_limits=[],
             _trackers=[],
         )
         ctx = self.context
@@ -215,6 +216,16 @@ class FastPipeline:
         self._defaults[key] = value
         return Handle(lambda: self._defaults.pop(key, None))
 
+    def limit_steps(self, source: str, only=None, maximum: int | None = None) -> Handle:
+        """Refuse calls whose ``num_inference_steps`` is not in ``only`` (or is over ``maximum``) while active."""
+        limit = StepLimit(source, None if only is None else frozenset(only), maximum)
+        self._step_limits.append(limit)
+        return Handle(lambda: self._step_limits.remove(limit))
+
+    def allowed_steps(self) -> StepLimit:
+        """The step counts a call may ask for now: the scheduler's range and every active accelerator's limit."""
+        return allowed_steps(self.pipe.scheduler, self._step_limits)
+
     # -- calling ------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
@@ -271,13 +282,33 @@ class FastPipeline:
         return output
 
     def _check_call(self, kwargs: dict) -> None:
-        """``CallArgumentError`` (a ValueError) for steps or sizes the model or its scheduler cannot take."""
-        if kwargs.get("num_inference_steps") is not None:
-            check_steps(self.pipe.scheduler, kwargs["num_inference_steps"])
+        """``CallArgumentError`` (a ValueError) for steps, sizes or values the model, its scheduler or an active
+        accelerator cannot take."""
+        steps = kwargs.get("num_inference_steps", self._signature_default("num_inference_steps"))
+        if steps is not None:
+            check_steps(self.pipe.scheduler, steps, self._step_limits)
+        check_call_values(kwargs, self._batch_size(kwargs))
         factor = self.size_factor()
         for key in ("height", "width"):
             if kwargs.get(key) is not None:
                 check_size(key, kwargs[key], factor)
+
+    def _signature_default(self, name: str):
+        parameter = self.call_signature.parameters.get(name)
+        default = None if parameter is None else parameter.default
+        return None if default is inspect.Parameter.empty else default
+
+    def _batch_size(self, kwargs: dict) -> int | None:
+        for key in ("prompt", "class_labels"):
+            value = kwargs.get(key)
+            if isinstance(value, (list, tuple)):
+                return len(value)
+            if isinstance(value, str) or (key == "class_labels" and isinstance(value, int)):
+                return 1
+        size = kwargs.get("batch_size")  # DDPMPipeline
+        return (
+            size if isinstance(size, int) and not isinstance(size, bool) else None
+        )  # prompt embeddings, tensors: diffusers checks those itself
 
     def size_factor(self) -> int:
         """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling."""

@@ -118,6 +118,15 @@ class Student(DistilledAccelerator):
         try:
             steps = self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps")
             handles.append(fp.set_call_default("num_inference_steps", int(steps)))
+            if (
+                info.get("method") == "progressive"
+            ):  # its scheduler's timesteps are the ones it was distilled on
+                trained = int(info.get("steps", steps))
+                if int(steps) != trained:
+                    raise ValueError(
+                        f"the progressive student at {self.path} was distilled for {trained} steps"
+                    )
+                handles.append(fp.limit_steps(f"the progressive student at {self.path}", only={trained}))
             handles.extend(conditional_only(fp, baked_guidance(info)))
         except ValueError as error:  # another accelerator owns that call default
             for handle in reversed(handles):

@@ -358,6 +358,7 @@ class Schedule(Accelerator):
             install_hook(
                 fp.denoiser, _UsedCheck(fp.context, used, str(self)), "fastdiff.schedule", fp.context
             ),
+            fp.limit_steps(f"the tuned schedule at {self.path} ({tuned.nfe} steps)", only={tuned.nfe}),
         ]
         if steps is None:
             handles.append(fp.set_call_default("num_inference_steps", tuned.nfe))
