@@ -7,22 +7,19 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from PIL import Image
+from serving_helpers import free_port, running
 
-from fastdiff.serving import Engine, ServeConfig, create_app
 from fastdiff.serving.schemas import Limits
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import install_digits
@@ -31,33 +28,6 @@ FAST = "scheduler(name=dpm++2m,steps=10)"
 UNI = "scheduler(name=unipc,steps=10)"
 TOKEN = "s3cret-token-for-tests"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def running(model_dir, profiles, **config):
-    """A real uvicorn server over a fresh Engine in a thread; yields its base URL."""
-    engine = Engine.load(model_dir, profiles, config.get("limits"))
-    app = create_app(engine, ServeConfig(**config))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        assert not thread.is_alive()
 
 
 def spawn(model, port, *flags, log=None):
@@ -238,15 +208,18 @@ def test_validation_422_names_the_field(digits, tmp_path):
 @pytest.mark.timeout(60)
 def test_steps_the_models_own_scheduler_cannot_take_are_a_422(tmp_path):
     """--max-steps allows 1000, but tiny-sd's saved DDIM (leading spacing, steps_offset 1) serves at most 999:
-    the library's check refuses it before any model work, and the server answers 422 naming steps."""
+    the server takes each profile's limit from the library's check, states it in its schema and answers 422
+    naming steps; a profile whose sampler takes 1000 allows 1000."""
     model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
-    with running(model, {"plain": ""}, limits=Limits(max_steps=1000)) as url:
+    profiles = {"plain": "", "dpm": "scheduler(name=dpm++2m)"}
+    with running(model, profiles, limits=Limits(max_steps=1000)) as url:
         r = httpx.post(f"{url}/v1/generate", json={"prompt": "a cat", "steps": 1000})
         assert r.status_code == 422, r.text
-        assert (
-            r.json()["detail"][0]["loc"] == ["body", "steps"]
-            and "at most 999" in r.json()["detail"][0]["msg"]
-        )
+        assert r.json()["detail"][0]["loc"] == ["body", "steps"]
+        assert "under profile 'plain': allowed 1 to 999" in r.json()["detail"][0]["msg"]
+        schema = httpx.get(f"{url}/openapi.json").json()
+        body = schema["paths"]["/v1/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert "(plain: 1 to 999; dpm: 1 to 1000)" in body["properties"]["steps"]["description"]
         assert httpx.post(f"{url}/v1/generate", json={"prompt": "a cat", "steps": 2}).status_code == 200
 
 

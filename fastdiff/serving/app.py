@@ -30,12 +30,34 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from fastdiff.core.calls import CallArgumentError
-from fastdiff.serving.batcher import Batcher, Job, QueueFull
+from fastdiff.serving.batcher import Batcher, Job, QueueFull, WorkerStopped
 from fastdiff.serving.engine import Engine
+from fastdiff.serving.errors import REQUEST_ID, failure_response, request_id
 from fastdiff.serving.metrics import Metrics
-from fastdiff.serving.schemas import MAX_SEED, GenerateResponse, Limits, Timings
+from fastdiff.serving.schemas import (
+    MAX_SEED,
+    ErrorBody,
+    GenerateResponse,
+    Limits,
+    Timings,
+    ValidationErrorBody,
+)
 
 log = logging.getLogger("fastdiff.serving")
+# every status /v1/generate answers besides 200 and 422 (documented in the OpenAPI schema)
+ERRORS = {
+    401: "missing or wrong bearer token",
+    413: "body over --max-body-bytes",
+    429: "queue full (Retry-After)",
+    500: "server fault, with a request id (also in the log)",
+    503: "out of memory or the batch worker stopped (Retry-After)",
+    504: "timed out (--timeout-s)",
+}
+GENERATE_RESPONSES = {
+    200: {"content": {"image/png": {}}, "description": "JSON, or one PNG with Accept: image/png"},
+    422: {"model": ValidationErrorBody, "description": "a field the server or the model cannot take"},
+    **{code: {"model": ErrorBody, "description": text} for code, text in ERRORS.items()},
+}
 # the request field behind each pipeline call argument the library checks
 REQUEST_FIELDS = {"num_inference_steps": "steps", "height": "height", "width": "width"}
 
@@ -62,6 +84,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
     """A FastAPI app serving ``engine`` under ``config``; its lifespan runs the batcher's worker."""
     metrics = Metrics()
     Request_ = engine.request_model()
+    body_schema = Request_.model_json_schema()  # the body is read raw (size limit first), so declared here
     state: dict = {}
 
     def run_batch(jobs: list[Job]) -> list[dict]:
@@ -87,7 +110,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         worker = asyncio.create_task(batcher.run())
         yield
         await batcher.stop()  # uvicorn has already waited for in-flight requests; nothing is left queued
-        await worker
+        await asyncio.gather(worker, return_exceptions=True)  # a failed worker is reported by batcher.failure
         batcher.close()
 
     app = FastAPI(title="fastdiff", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -102,15 +125,22 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     @app.middleware("http")
     async def count_statuses(request: Request, call_next):
-        response = await call_next(request)
+        rid = request.state.request_id = request_id(request.headers.get(REQUEST_ID))
+        try:
+            response = await call_next(request)
+        except Exception as error:  # noqa: BLE001 (a bug: still JSON with the id, never a bare 500)
+            response = failure_response(error, rid)
+        response.headers[REQUEST_ID] = rid
         if request.url.path == "/v1/generate":
             metrics.requests.labels(status=str(response.status_code)).inc()
         response.headers["X-Fastdiff-Pid"] = str(os.getpid())  # which process (Ray replica) answered
         return response
 
-    @app.get("/healthz")
-    async def healthz() -> dict:
+    @app.get("/healthz", responses={503: {"model": ErrorBody, "description": "the batch worker stopped"}})
+    async def healthz():
         batcher = state.get("batcher")
+        if batcher is not None and batcher.failure is not None:
+            return JSONResponse({"detail": f"failed: {batcher.failure}"}, 503)
         return {
             "status": "ok",
             "kind": engine.kind,
@@ -119,12 +149,19 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             "queue": batcher.depth if batcher else 0,
         }
 
-    @app.get("/metrics", dependencies=[Depends(authorized)])
+    @app.get(
+        "/metrics", dependencies=[Depends(authorized)],
+        responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorBody, "description": ERRORS[401]}},
+    )  # fmt: skip
     async def prometheus() -> Response:
         metrics.queue_depth.set(state["batcher"].depth)
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.post("/v1/generate", dependencies=[Depends(authorized)], response_model=GenerateResponse)
+    @app.post(
+        "/v1/generate", dependencies=[Depends(authorized)], response_model=GenerateResponse,
+        responses=GENERATE_RESPONSES,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
+    )  # fmt: skip
     async def generate(request: Request):
         arrived = time.perf_counter()
         body = await _read_body(request, config.limits.max_body_bytes)
@@ -160,6 +197,8 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             return JSONResponse(
                 {"detail": f"queue full: {full}; retry later"}, 429, {"Retry-After": str(retry)}
             )
+        except WorkerStopped as error:
+            return failure_response(error, request.state.request_id, 30)
         metrics.queue_depth.set(batcher.depth)
         remaining = config.timeout_s - (time.perf_counter() - arrived)
         try:
@@ -175,9 +214,8 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             raise RequestValidationError(
                 [{"type": "value_error", "loc": ("body", field), "input": error.value, "msg": str(error)}]
             ) from None
-        except (ValueError, FloatingPointError) as error:
-            log.warning("generation failed: %s", error)
-            return JSONResponse({"detail": f"generation failed: {error}"}, 500)
+        except Exception as error:  # noqa: BLE001 (not the client's fault: 500/503 with the request id)
+            return failure_response(error, request.state.request_id, batcher.retry_after_s())
         total = time.perf_counter() - arrived
         metrics.latency.labels(profile=req.profile).observe(total)
         metrics.images.labels(profile=req.profile).inc(req.count)

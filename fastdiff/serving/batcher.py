@@ -38,6 +38,10 @@ class QueueFull(Exception):
     """The bounded queue holds ``max_queue`` waiting jobs."""
 
 
+class WorkerStopped(RuntimeError):
+    """The batch worker is no longer running: nothing queued will be served by this process."""
+
+
 @dataclass(eq=False)
 class Job:
     key: Hashable
@@ -76,6 +80,8 @@ class Batcher:
         self._free_since = 0.0  # when the worker finished its last batch
         self._wakeup = asyncio.Event()
         self._stopping = False
+        self.failure: WorkerStopped | None = None  # set if the worker loop ended with an error
+        self._running: list[Job] = []  # the batch taken from the queue, until its results are handed out
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdiff-batch")
 
     @property
@@ -84,6 +90,8 @@ class Batcher:
 
     def submit(self, key: Hashable, payload: Any, images: int = 1) -> Job:
         """Queue a job; its ``future`` gets the result. Raises ``QueueFull`` instead of growing the queue."""
+        if self.failure is not None:
+            raise self.failure
         if self._stopping:
             raise QueueFull("the server is shutting down")
         self._prune()
@@ -100,7 +108,19 @@ class Batcher:
         return max(1, round(batches * self.batch_seconds))
 
     async def run(self) -> None:
-        """The worker loop; returns after ``stop()`` once the queue is empty."""
+        """The worker loop; returns after ``stop()`` once the queue is empty. If it fails, every waiting job
+        and every later ``submit`` get ``WorkerStopped``."""
+        try:
+            await self._loop()
+        except BaseException as error:
+            self.failure = WorkerStopped(f"the batch worker stopped ({type(error).__name__}: {error})")
+            for job in [*self._running, *self.pending]:
+                if not job.future.done():
+                    job.future.set_exception(self.failure)
+            self.pending.clear()
+            raise
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._prune()
@@ -121,7 +141,7 @@ class Batcher:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            batch = self._take(first.key)
+            batch = self._running = self._take(first.key)
             if not batch:
                 continue
             started = time.perf_counter()

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fastdiff.core.calls import StepLimit
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.spec import parse
@@ -52,11 +53,13 @@ class Engine:
         self.kind = "prompt" if facts.inputs == "prompt" else "label"
         self.default_guidance = facts.default_guidance
         self.profiles: dict[str, str] = {}
+        self.step_limits: dict[str, StepLimit] = {}  # what the library allows under each profile
         for name, specs in profiles.items():
             if not name or not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"profile name {name!r} must be letters, digits, '-' or '_'")
             configs = parse(specs)  # a bad spec stops the server at start, with the parser's message
             handle = fp.accelerate(*configs)  # and so does one this model refuses
+            self.step_limits[name] = fp.allowed_steps()
             handle.remove()
             self.profiles[name] = ";".join(map(str, configs))
         self.active: str | None = None
@@ -83,7 +86,7 @@ class Engine:
         return getattr(self.fp.pipe, "num_classes", 0) if self.kind == "label" else 0
 
     def request_model(self):
-        return request_model(self.facts(), self.limits, tuple(self.profiles))
+        return request_model(self.facts(), self.limits, tuple(self.profiles), self.step_limits)
 
     def batch_key(self, request) -> tuple:
         """Requests with equal keys can share one pipeline call."""
