@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint clean test-xla
+.PHONY: venv demo test lint clean test-xla fuzz-server soak
 
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,14 @@ TEST_WORKERS ?= 2
 
 test: venv
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The longer schemathesis profile of the server (the suite runs 200 examples per operation): results/fuzz_server.json
+fuzz-server: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/fuzz_server.py --max-examples 2000
+
+# The server under mixed valid/invalid load for 10 minutes: results/soak.json
+soak: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/soak.py --minutes 10
 
 # torch-xla 2.9.0 works only with torch 2.9.0, so the XLA tests get their own venv (about 4 GB downloaded, 7 GB on
 # disk; made once). fastdiff goes in without its dependencies (they pin torch 2.13), with what the tests import.

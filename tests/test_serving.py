@@ -168,11 +168,11 @@ def test_generate_auth_png_and_metrics(digits):
 @pytest.mark.timeout(60)
 def test_validation_422_names_the_field(digits, tmp_path):
     bad = {
-        "label": [{"label": 10}, {"label": -1}, {"label": "three"}, {"label": 2.5}, {}],
+        "label": [{"label": 10}, {"label": -1}, {"label": "three"}, {"label": 2.5}, {"label": False}, {}],
         "steps": [{"label": 1, "steps": 0}, {"label": 1, "steps": 201}],
         "count": [{"label": 1, "count": 0}, {"label": 1, "count": 9}],
         "guidance": [{"label": 1, "guidance": -1}, {"label": 1, "guidance": 31}],
-        "seed": [{"label": 1, "seed": -1}, {"label": 1, "seed": 2**63}],
+        "seed": [{"label": 1, "seed": -1}, {"label": 1, "seed": 2**53}, {"label": 1, "seed": True}],
         "width": [{"label": 1, "width": 32}],  # the digits model makes 16x16 only
         "height": [{"label": 1, "height": 8}],
         "profile": [{"label": 1, "profile": "turbo"}, {"label": 1, "profile": "scheduler(name=ddim)"}],

@@ -174,3 +174,23 @@ def test_unknown_model_or_size_is_refused(tmp_path):
 def test_padding_sides_survive_reload(saved):
     flux2 = saved["tiny-flux2"][1]
     assert DiffusionPipeline.from_pretrained(flux2).tokenizer.padding_side == "left"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_size_factor_is_a_size_the_pipeline_takes_as_is(name):
+    """``FastPipeline.size_factor`` includes what diffusers' own input checks require (Sana 32 px, Flux's
+    2x2 latent packing), so a size it allows is generated at exactly that size and one it refuses is refused
+    before any model work, never resized (Flux, Qwen-Image) or failed inside the pipeline (Sana, PixArt)."""
+    from fastdiff import FastPipeline
+    from fastdiff.core.calls import CallArgumentError
+
+    fp = FastPipeline(make_flow_pipeline(name))
+    factor = fp.size_factor()
+    side = factor * max(1, 32 // factor)
+    kwargs = dict(num_inference_steps=2, output_type="np", height=side, width=side + factor)
+    if name in ("tiny-sana", "tiny-pixart-sigma"):
+        kwargs.update(use_resolution_binning=False, clean_caption=False)
+    images = fp(prompt=PROMPT, **kwargs).images
+    assert images.shape[1:3] == (side, side + factor), (factor, images.shape)
+    with pytest.raises(CallArgumentError, match=f"a positive multiple of {factor}"):
+        fp(prompt=PROMPT, **{**kwargs, "width": side + factor // 2})

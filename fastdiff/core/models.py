@@ -44,10 +44,14 @@ class PipelineFacts:
     list_batch: bool = False  # the denoiser takes its batch as lists of per-image tensors (Z-Image)
     # call arguments benchmarks set: generate at the requested size (no resolution bins), captions as given
     bench_call: tuple[tuple[str, object], ...] = ()
+    # sizes diffusers' own check_inputs requires: multiples of size_multiple pixels (raises otherwise: SD, SDXL,
+    # PixArt 8, Sana 32), and of latent_multiple latent pixels (Flux, Flux.2, Qwen-Image resize otherwise)
+    size_multiple: int = 1
+    latent_multiple: int = 1
 
 
-_SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5)
-_SDXL = PipelineFacts("prompt", ("uncond", "cond"), 5.0)
+_SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
+_SDXL = PipelineFacts("prompt", ("uncond", "cond"), 5.0, size_multiple=8)
 # Call arguments that take images, per variant (by pipeline class name without the SD/SDXL prefix).
 _IMAGE_INPUTS = {
     "Pipeline": (),
@@ -77,16 +81,16 @@ PIPELINES: dict[str, PipelineFacts] = {
 # (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
 # Qwen-Image does by default. default_guidance is the default of guidance_arg.
 _FLUX = PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Flux")  # fmt: skip
+                      passes_sigmas="always", passes_mu=True, family="Flux", latent_multiple=2)  # fmt: skip
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
 _QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Qwen-Image")  # fmt: skip
+                      passes_sigmas="always", passes_mu=True, family="Qwen-Image", latent_multiple=2)  # fmt: skip
 _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
 _NOISING = (
     "scale_noise",
 )  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
 _ZIMAGE = PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list",
-                        list_batch=True, passes_mu=True)  # fmt: skip
+                        list_batch=True, passes_mu=True, latent_multiple=2)  # fmt: skip
 _FLOW_VARIANTS = {
     "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
     "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",), scheduler_methods=_NOISING),
@@ -95,8 +99,8 @@ _FLOW_VARIANTS = {
     "FluxControlNetPipeline": dataclasses.replace(_FLUX, image_inputs=("control_image",)),
     "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING),
     "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", passes_mu=True,
-                                   family="Flux.2"),
-    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"),
+                                   family="Flux.2", latent_multiple=2),
+    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), latent_multiple=2,
                                         passes_sigmas="unless-flow-sigmas", passes_mu=True, family="Flux.2"),
     "StableDiffusion3Pipeline": _SD3,
     "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",), scheduler_methods=_NOISING),
@@ -111,9 +115,10 @@ _FLOW_VARIANTS = {
                                                     scheduler_methods=_NOISING),
     "ZImagePipeline": _ZIMAGE,
     "ZImageImg2ImgPipeline": dataclasses.replace(_ZIMAGE, image_inputs=("image",), scheduler_methods=_NOISING),
-    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana", bench_call=_EXACT_SIZE),
+    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana", bench_call=_EXACT_SIZE,
+                                  size_multiple=32),
     "PixArtSigmaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma",
-                                         bench_call=_EXACT_SIZE),
+                                         bench_call=_EXACT_SIZE, size_multiple=8),
 }  # fmt: skip
 PIPELINES.update(_FLOW_VARIANTS)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 import weakref
 from pathlib import Path
@@ -311,13 +312,18 @@ class FastPipeline:
         )  # prompt embeddings, tensors: diffusers checks those itself
 
     def size_factor(self) -> int:
-        """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling."""
+        """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling, and
+        what the pipeline's own input checks require (``PipelineFacts.size_multiple`` / ``latent_multiple``)."""
         vae_factor = getattr(self.pipe, "vae_scale_factor", 1) or 1
         blocks = getattr(self.denoiser.config, "block_out_channels", None)
         patch = getattr(self.denoiser.config, "patch_size", None) or 1
         if isinstance(patch, (tuple, list)):  # video transformers patch (frames, height, width): Wan
             patch = max(patch[-2:])
-        return int(vae_factor * (2 ** (len(blocks) - 1) if blocks else patch))
+        facts = PIPELINES.get(type(self.pipe).__name__)
+        latent = math.lcm(
+            2 ** (len(blocks) - 1) if blocks else int(patch), facts.latent_multiple if facts else 1
+        )
+        return math.lcm(int(vae_factor * latent), facts.size_multiple if facts else 1)
 
     # -- pass-through -------------------------------------------------------------------------------------
 

@@ -23,10 +23,12 @@ import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 from fastdiff.core.calls import CallArgumentError
@@ -115,13 +117,16 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
 
     app = FastAPI(title="fastdiff", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    async def authorized(request: Request) -> None:
-        if config.token is None:
-            return
-        scheme, _, supplied = request.headers.get("authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(supplied.encode(), config.token.encode())
-        if not ok:
+    bearer = HTTPBearer(auto_error=False, description="the server's --token-file token")
+
+    async def authorized(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        supplied = "" if credentials is None else credentials.credentials
+        if not hmac.compare_digest(supplied.encode(), config.token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    auth = [Depends(authorized)] if config.token is not None else []  # declared in the schema only when set
 
     @app.middleware("http")
     async def count_statuses(request: Request, call_next):
@@ -150,7 +155,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         }
 
     @app.get(
-        "/metrics", dependencies=[Depends(authorized)],
+        "/metrics", dependencies=auth,
         responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorBody, "description": ERRORS[401]}},
     )  # fmt: skip
     async def prometheus() -> Response:
@@ -158,7 +163,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post(
-        "/v1/generate", dependencies=[Depends(authorized)], response_model=GenerateResponse,
+        "/v1/generate", dependencies=auth, response_model=GenerateResponse,
         responses=GENERATE_RESPONSES,
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
     )  # fmt: skip

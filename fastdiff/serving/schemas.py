@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**53 - 1  # the largest integer every JSON client (JavaScript's numbers) carries exactly
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,23 @@ def request_model(
             )  # fmt: skip
         return steps
 
-    validators = {"check_steps": field_validator("steps")(check_steps)}
+    numbers = [
+        name for name in ("steps", "seed", "width", "height", "count", "label", "guidance") if name in fields
+    ]
+    validators = {
+        "check_steps": field_validator("steps")(check_steps),
+        "json_numbers": field_validator(*numbers, mode="before")(_json_number),
+    }
     return create_model("GenerateRequest", __base__=_Base, __validators__=validators, **fields)
+
+
+def _json_number(value):
+    # pydantic's lax mode turns true/false and "3" into numbers; the schema (JSON Schema) does not. 2.0 is an integer.
+    if isinstance(value, (bool, str)):
+        raise PydanticCustomError(
+            "number_type", "Input should be a JSON number, not {kind}", {"kind": type(value).__name__}
+        )
+    return value
 
 
 def _allowed_steps(max_steps: int, profiles, step_limits) -> dict[str, range | frozenset[int]]:

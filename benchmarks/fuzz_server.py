@@ -1,0 +1,148 @@
+"""Fuzz ``fastdiff serve`` with schemathesis against its own OpenAPI schema: every operation, positive and
+negative data, every check (no 5xx, responses and statuses as documented, invalid data refused, valid data
+accepted), with and without the bearer token. Real servers on loopback ports, one torch thread each.
+
+Two servers: the shipped digits model (class labels, no token) and tiny-sd (prompts, a token). Each is fuzzed
+with ``--max-examples`` per operation; the tiny-sd one twice (with the token, and without it: every call that
+needs it must be a documented 401).
+
+    python benchmarks/fuzz_server.py --max-examples 2000   # make fuzz-server: results/fuzz_server.json
+    python benchmarks/fuzz_server.py --max-examples 200 --out /tmp/fuzz.json   # what the CI test runs
+
+Exit status 0 only when every run found no issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+TOKEN = "fuzz-token-0123456789"
+LIMITS = ["--max-steps", "4", "--max-count", "2", "--max-side", "64"]  # keeps valid requests cheap
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(model: Path, port: int, flags: list[str], log: Path) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastdiff.cli.main",
+        "serve",
+        str(model),
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    return subprocess.Popen([*cmd, *flags], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_up(url: str, proc: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not up after {seconds} s")
+
+
+def fuzz(url: str, examples: int, seed: int, work: Path, name: str, token: str | None) -> dict:
+    """One ``st run``; returns its exit status, counts and the failures' lines."""
+    report = work / f"{name}.json"
+    cmd = [str(Path(sys.executable).with_name("st")), "run", f"{url}/openapi.json", "--checks", "all",
+           "--workers", "1", "--max-examples", str(examples), "--seed", str(seed),
+           "--report", "json", "--report-json-path", str(report)]  # fmt: skip
+    if token:
+        cmd += ["-H", f"Authorization: Bearer {token}"]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    summary = next((line.strip() for line in lines if "generated" in line), "")
+    failures = [line.strip() for line in lines if line.strip().startswith("- ST")]
+    return {
+        "run": name, "token": bool(token), "exit_status": done.returncode, "summary": summary,
+        "failures": failures, "seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-examples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "fuzz_server.json")
+    args = parser.parse_args(argv)
+    from fastdiff.zoo import build
+    from fastdiff.zoo.shipped import install_digits
+
+    with tempfile.TemporaryDirectory(prefix="fd-fuzz-") as tmp:
+        work = Path(tmp)
+        (work / "token").write_text(TOKEN)
+        digits = install_digits(work / "digits")
+        tiny = build("tiny-sd", work / "tiny-sd", size="test")
+        fast = "fast=scheduler(name=dpm++2m,steps=2)"
+        servers = {
+            "digits": (digits, ["--profile", fast, *LIMITS]),
+            "tiny-sd": (tiny, ["--profile", fast, "--token-file", str(work / "token"), *LIMITS]),
+        }
+        procs = {}
+        try:
+            for name, (model, flags) in servers.items():
+                port = free_port()
+                procs[name] = (start(model, port, flags, work / f"{name}.log"), f"http://127.0.0.1:{port}")
+            for proc, url in procs.values():
+                wait_up(url, proc)
+            runs = [
+                fuzz(procs["digits"][1], args.max_examples, args.seed, work, "digits", None),
+                fuzz(procs["tiny-sd"][1], args.max_examples, args.seed, work, "tiny-sd-token", TOKEN),
+                fuzz(procs["tiny-sd"][1], args.max_examples, args.seed, work, "tiny-sd-no-token", None),
+            ]
+        finally:
+            for proc, _ in procs.values():
+                proc.terminate()
+                proc.wait(30)
+    for run in runs:
+        print(f"{run['run']:18s} exit {run['exit_status']}  {run['summary']}  ({run['seconds']} s)")
+        for failure in run["failures"]:
+            print("    ", failure)
+    result = {
+        "benchmark": "fuzz_server", "device": "2-core CPU, 1 torch thread per server", "date": str(date.today()),
+        "command": f"python benchmarks/fuzz_server.py --max-examples {args.max_examples} --seed {args.seed}",
+        "schemathesis": _version("schemathesis"), "runs": runs,
+        "passed": all(run["exit_status"] == 0 for run in runs),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["passed"] else 1
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
