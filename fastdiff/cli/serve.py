@@ -6,6 +6,7 @@ Example::
         --profile cached="scheduler(name=dpm++2m,steps=20);deepcache(interval=2)" --max-batch 16
     curl -s localhost:8000/v1/generate -H 'Content-Type: application/json' -d '{"label": 3, "profile": "fast"}'
     fastdiff serve digits --ray --replicas 2 --ray-dir out/ray   # the same app on Ray Serve
+    fastdiff serve digits --exact-seeds   # one pipeline call per request: bit-identical images by seed
 
 Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
 """
@@ -29,7 +30,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=8, help="images per pipeline call")
-    p.add_argument("--max-wait-ms", type=float, default=20.0, help="how long a batch waits to fill")
+    p.add_argument(
+        "--max-wait-ms", type=float, default=None,
+        help="how long a batch waits to fill (default 20; 0 with --exact-seeds, where no batch can fill)",
+    )  # fmt: skip
+    p.add_argument(
+        "--exact-seeds", action="store_true",
+        help="run every request in a pipeline call of its own: its images are bit-identical whatever else is "
+        "queued, at the cost of batching (docs/serving.md, 'Reproducible by seed')",
+    )  # fmt: skip
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument("--timeout-s", type=float, default=120.0, help="504 past this, and the work is dropped")
     p.add_argument("--token-file", help="file holding the bearer token clients must send")
@@ -74,8 +83,9 @@ def run(args) -> None:
 
     profiles = parse_profiles(args.profile)
     limits = Limits(max_steps=args.max_steps, max_count=args.max_count, max_side=args.max_side)
+    max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else (0.0 if args.exact_seeds else 20.0)
     config = ServeConfig(
-        max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+        max_batch=args.max_batch, max_wait_ms=max_wait_ms, max_queue=args.max_queue,
         timeout_s=args.timeout_s, token=read_token(args.token_file), limits=limits,
     )  # fmt: skip
     model_dir = resolve_model(args.model, args.size)
@@ -84,7 +94,7 @@ def run(args) -> None:
 
         run_ray(
             model_dir, profiles, config, replicas=args.replicas, host=args.host, port=args.port,
-            temp_dir=args.ray_dir, threads=args.threads,
+            temp_dir=args.ray_dir, threads=args.threads, exact_seeds=args.exact_seeds,
         )  # fmt: skip
         return
     import torch
@@ -93,6 +103,6 @@ def run(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine.load(model_dir, profiles, limits)
-    print(f"profiles: {engine.profiles}", file=sys.stderr)
+    engine = Engine.load(model_dir, profiles, limits, exact_seeds=args.exact_seeds)
+    print(f"profiles: {engine.profiles}" + (" (exact seeds)" if args.exact_seeds else ""), file=sys.stderr)
     serve(create_app(engine, config), host=args.host, port=args.port, log_level=args.log_level)

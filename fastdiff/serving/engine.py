@@ -4,7 +4,11 @@ A profile is a fixed set of accelerator specs given at start (``{"fast": "schedu
 ``Engine.use(name)`` removes the active profile's handle and applies the other's (``fp.accelerate(specs)``),
 and does nothing when that profile is already active. Every image gets its own ``torch.Generator`` seeded
 with its seed: its initial latents are drawn from it alone (passed as ``latents=``) and the same generators go
-to stochastic samplers, so an image does not depend on what it is batched with.
+to stochastic samplers, so an image does not depend on which seeds it is batched with. Batched matmuls and
+convolutions still round differently with a different batch size, so batched with other requests an image may
+differ from the same request run alone by 1/255 in a few pixel values (docs/serving.md, "Reproducible by
+seed"). With ``exact_seeds=True`` every request runs in a pipeline call of its own (its ``count`` images
+together, nothing else), so its PNGs are bit-identical whatever else is queued.
 
 Example::
 
@@ -19,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import io
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -39,10 +44,18 @@ class Dropped(Exception):
 class Engine:
     """A FastPipeline, its profiles and the one that is active. Not thread-safe: one batch at a time."""
 
-    def __init__(self, fp: FastPipeline, profiles: dict[str, str], limits: Limits | None = None):
+    def __init__(
+        self,
+        fp: FastPipeline,
+        profiles: dict[str, str],
+        limits: Limits | None = None,
+        exact_seeds: bool = False,
+    ):
         if not profiles:
             profiles = {"default": ""}
         self.fp, self.limits = fp, limits or Limits()
+        self.exact_seeds = exact_seeds  # one pipeline call per request: images independent of the queue
+        self._tokens = itertools.count()  # with exact_seeds, makes every batch key unique
         fp.pipe.set_progress_bar_config(disable=True)
         facts = pipeline_facts(fp.pipe)
         if facts.inputs not in ("prompt", "class_labels"):
@@ -67,8 +80,14 @@ class Engine:
         self.switches = 0
 
     @classmethod
-    def load(cls, model_dir: str | Path, profiles: dict[str, str], limits: Limits | None = None) -> Engine:
-        return cls(FastPipeline.from_pretrained(model_dir), profiles, limits)
+    def load(
+        cls,
+        model_dir: str | Path,
+        profiles: dict[str, str],
+        limits: Limits | None = None,
+        exact_seeds: bool = False,
+    ) -> Engine:
+        return cls(FastPipeline.from_pretrained(model_dir), profiles, limits, exact_seeds)
 
     # -- what the model takes -------------------------------------------------------------------------------
 
@@ -89,7 +108,13 @@ class Engine:
         return request_model(self.facts(), self.limits, tuple(self.profiles), self.step_limits)
 
     def batch_key(self, request) -> tuple:
-        """Requests with equal keys can share one pipeline call."""
+        """Requests with equal keys can share one pipeline call. With ``exact_seeds`` each call returns a new
+        key (a running number is appended): no two requests are ever batched together."""
+        key = self.call_settings(request)
+        return (*key, next(self._tokens)) if self.exact_seeds else key
+
+    def call_settings(self, request) -> tuple:
+        """``(profile, width, height, steps, guidance)``: what one pipeline call needs all its requests to share."""
         side = self.facts().default_size
         width = getattr(request, "width", None) or side
         height = getattr(request, "height", None) or side
@@ -119,8 +144,20 @@ class Engine:
     def generate(
         self, requests: list, seeds: list[list[int]], should_stop=lambda: False
     ) -> list[dict[str, Any]]:
-        """One pipeline call for ``requests`` (equal ``batch_key``); ``seeds[i]`` has one seed per image."""
-        profile, width, height, steps, guidance = self.batch_key(requests[0])
+        """One pipeline call for ``requests`` (equal ``call_settings``); ``seeds[i]`` has one seed per image.
+
+        With ``exact_seeds``, one call per request instead, one after another (the server never hands it more
+        than one; a direct caller may)."""
+        if self.exact_seeds and len(requests) > 1:
+            return [
+                result
+                for request, request_seeds in zip(requests, seeds, strict=True)
+                for result in self._generate([request], [request_seeds], should_stop)
+            ]
+        return self._generate(requests, seeds, should_stop)
+
+    def _generate(self, requests: list, seeds: list[list[int]], should_stop) -> list[dict[str, Any]]:
+        profile, width, height, steps, guidance = self.call_settings(requests[0])
         switch_started = time.perf_counter()
         switched = self.use(profile)
         switch_s = time.perf_counter() - switch_started

@@ -26,8 +26,11 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 class FastdiffReplica:
     """One replica: builds its app (and loads its pipeline) when Ray Serve asks for it."""
 
-    def __init__(self, model_dir: str, profiles: dict[str, str], config, threads: int | None):
+    def __init__(
+        self, model_dir: str, profiles: dict[str, str], config, threads: int | None, exact_seeds: bool = False
+    ):
         self.model_dir, self.profiles, self.config, self.threads = model_dir, profiles, config, threads
+        self.exact_seeds = exact_seeds
 
     def __serve_build_asgi_app__(self):
         import torch
@@ -37,11 +40,19 @@ class FastdiffReplica:
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        return create_app(Engine.load(self.model_dir, self.profiles, self.config.limits), self.config)
+        engine = Engine.load(self.model_dir, self.profiles, self.config.limits, exact_seeds=self.exact_seeds)
+        return create_app(engine, self.config)
 
 
-def build_deployment(model_dir, profiles: dict[str, str], config, replicas: int = 2, threads: int | None = 1):
-    """A bound Ray Serve application of ``replicas`` copies of the fastdiff app."""
+def build_deployment(
+    model_dir,
+    profiles: dict[str, str],
+    config,
+    replicas: int = 2,
+    threads: int | None = 1,
+    exact_seeds: bool = False,
+):
+    """A bound Ray Serve application of ``replicas`` copies of the fastdiff app (``exact_seeds``: see Engine)."""
     from ray import serve
 
     if not isinstance(replicas, int) or replicas < 1:
@@ -55,7 +66,7 @@ def build_deployment(model_dir, profiles: dict[str, str], config, replicas: int 
         max_ongoing_requests=config.max_queue + config.max_batch,
         ray_actor_options={"num_cpus": 0},
     )
-    return deployment.bind(str(model_dir), dict(profiles), config, threads)
+    return deployment.bind(str(model_dir), dict(profiles), config, threads, exact_seeds)
 
 
 def run_ray(
@@ -68,6 +79,7 @@ def run_ray(
     temp_dir: str | os.PathLike = "/tmp/fastdiff-ray",
     threads: int | None = 1,
     ready: threading.Event | None = None,
+    exact_seeds: bool = False,
 ) -> None:
     """Start Ray locally, deploy, serve on ``host:port`` until SIGINT/SIGTERM, then shut Ray down."""
     os.environ.update(RAY_ENV)
@@ -90,7 +102,7 @@ def run_ray(
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(
-            build_deployment(model_dir, profiles, config, replicas, threads),
+            build_deployment(model_dir, profiles, config, replicas, threads, exact_seeds),
             name="fastdiff",
             route_prefix="/",
         )
