@@ -339,8 +339,10 @@ def test_sigterm_finishes_in_flight_then_exits(subprocess_servers):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_ray_serve_two_replicas(subprocess_servers):
+    """Two replicas behind the gateway: both serve, a seed gives the same image on either, a replica killed
+    mid-request turns into 503s (never Ray's bare 500), SIGTERM stops everything."""
     procs, _ = subprocess_servers
     proc, port, ray_dir = procs["ray"]
     url = f"http://127.0.0.1:{port}"
@@ -355,6 +357,25 @@ def test_ray_serve_two_replicas(subprocess_servers):
     assert {r.headers["x-fastdiff-pid"] for r in replies} <= seen
     solo = httpx.post(f"{url}/v1/generate", json={"label": 5, "seed": 5}, timeout=60).json()["images"][0]
     assert solo == replies[5].json()["images"][0]  # any replica, any batch: the same image for a seed
+    # a replica that dies mid-request: its requests get 503 + Retry-After with a request id, the rest are served
+    victim = int(sorted(seen)[0])
+    slow = [{"label": i, "seed": i, "steps": 200, "count": 8} for i in range(6)]
+
+    async def kill_during():
+        async with httpx.AsyncClient(timeout=120) as client:
+            tasks = [asyncio.create_task(client.post(f"{url}/v1/generate", json=b)) for b in slow]
+            await asyncio.sleep(1.0)
+            os.kill(victim, signal.SIGKILL)
+            return await asyncio.gather(*tasks)
+
+    replies = asyncio.run(kill_during())
+    assert {r.status_code for r in replies} <= {200, 503} and 503 in {r.status_code for r in replies}
+    for r in replies:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] and r.json()["request_id"] == r.headers["x-request-id"]
+            assert "replica serving it stopped" in r.json()["detail"]
+    after = [httpx.post(f"{url}/v1/generate", json={"label": 1, "seed": 1}, timeout=60) for _ in range(4)]
+    assert [r.status_code for r in after] == [200] * 4  # the other replica, and Ray's replacement
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     assert list(ray_dir.glob("session_*"))  # Ray's files went where it was told

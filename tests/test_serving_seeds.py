@@ -164,5 +164,5 @@ def test_cli_and_ray_replica_pass_exact_seeds_to_the_engine(monkeypatch, tmp_pat
 
     made.clear()
     monkeypatch.setattr(app_module, "create_app", lambda engine, config: made.update(engine=engine))
-    FastdiffReplica(model, {"default": ""}, serving.ServeConfig(), 1, True).__serve_build_asgi_app__()
+    FastdiffReplica(model, {"default": ""}, serving.ServeConfig(), 1, True)  # builds its app at once
     assert made["engine"].exact_seeds is True
