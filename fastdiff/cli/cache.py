@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from fastdiff.cli.args import POSITIVE, IntRange, accel_specs
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -20,11 +22,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
-    p.add_argument("--accel", default="", help="accelerators to fit under (a sampler preset), ';'-separated")
-    p.add_argument("--steps", type=int, default=28, help="steps per call (default 28)")
-    p.add_argument("--calls", type=int, default=4, help="calls, seeds 1000, 1001, ... (default 4)")
-    p.add_argument("--batch", type=int, default=None, help="images per call (default: the bench batch)")
-    p.add_argument("--degree", type=int, default=4, help="polynomial degree (default 4, as TeaCache)")
+    p.add_argument(
+        "--accel",
+        default="",
+        type=accel_specs,
+        help="accelerators to fit under (a sampler preset), ';'-separated",
+    )
+    p.add_argument("--steps", type=IntRange(3), default=28, help="steps per call (default 28)")
+    p.add_argument("--calls", type=POSITIVE, default=4, help="calls, seeds 1000, 1001, ... (default 4)")
+    p.add_argument("--batch", type=POSITIVE, default=None, help="images per call (default: the bench batch)")
+    p.add_argument("--degree", type=POSITIVE, default=4, help="polynomial degree (default 4, as TeaCache)")
     p.add_argument("--out", required=True, help="write the fit JSON here")
     p.set_defaults(func=run)
     return p

@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fastdiff.cli.args import NON_NEGATIVE, POSITIVE, POSITIVE_FLOAT
+
 
 def cmd_train_classifier(args) -> Path:
     """Train and save; returns OUT. Errors (no data, wrong shapes) are ValueError/FileNotFoundError."""
@@ -73,11 +75,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("out", help="classifier file to write (its report goes to OUT.json)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
     p.add_argument("--data", help="npz with x_train/y_train (default: MODEL/eval/split.npz)")
-    p.add_argument("--steps", type=int, default=3000, help="optimizer steps (default 3000)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--widths", type=int, nargs="+", default=[16, 32, 64], help="channels per resolution")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--steps", type=POSITIVE, default=3000, help="optimizer steps (default 3000)")
+    p.add_argument("--batch-size", type=POSITIVE, default=128)
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=2e-3)
+    p.add_argument("--widths", type=POSITIVE, nargs="+", default=[16, 32, 64], help="channels per resolution")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
     p.set_defaults(func=cmd_train_classifier)
     return p

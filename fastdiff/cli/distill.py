@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fastdiff.cli.args import FINITE, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_FLOAT
+
 
 def _teacher(args) -> Path:
     from fastdiff.cli.main import resolve_model
@@ -52,11 +54,11 @@ def _common(p) -> None:
     p.add_argument(
         "--size", default="bench", choices=["test", "bench"], help="zoo size when TEACHER is a name"
     )
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
-    p.add_argument("--accumulate", type=int, default=1, help="gradient accumulation micro-batches")
+    p.add_argument("--batch", type=POSITIVE, default=32)
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--save-every", type=POSITIVE, default=100, help="checkpoint every N steps")
+    p.add_argument("--accumulate", type=POSITIVE, default=1, help="gradient accumulation micro-batches")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue an earlier run of this command in OUT")
 
@@ -68,12 +70,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     prog = sub.add_parser("progressive", help="halve DDIM steps per round (Salimans & Ho 2022)")
     _common(prog)
     prog.add_argument(
-        "--from", dest="start", type=int, default=32, help="teacher's DDIM steps (power of two)"
+        "--from", dest="start", type=POSITIVE, default=32, help="teacher's DDIM steps (power of two)"
     )
-    prog.add_argument("--to", dest="end", type=int, default=1, help="last student's steps (power of two)")
-    prog.add_argument("--steps-per-round", type=int, default=1000, help="optimizer steps per halving")
     prog.add_argument(
-        "--guidance", type=float, default=None, help="guidance scale baked in (default 1: none)"
+        "--to", dest="end", type=POSITIVE, default=1, help="last student's steps (power of two)"
+    )
+    prog.add_argument("--steps-per-round", type=POSITIVE, default=1000, help="optimizer steps per halving")
+    prog.add_argument(
+        "--guidance", type=FINITE, default=None, help="guidance scale baked in (default 1: none)"
     )
     prog.set_defaults(func=cmd_progressive)
     cons = sub.add_parser("consistency", help="latent consistency distillation (LCM), full or LoRA")
@@ -81,11 +85,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     cons.add_argument("--lora", type=int, default=None, metavar="RANK", help="train a LoRA of this rank")
     cons.add_argument("--guidance-range", default=None, help="'a,b' (w-embedding) or 'a' (baked in)")
     cons.add_argument("--skip", type=int, default=20, help="teacher's DDIM skipping step K (timesteps nK-1)")
-    cons.add_argument("--train-steps", type=int, default=1000)
+    cons.add_argument("--train-steps", type=POSITIVE, default=1000)
     cons.add_argument("--solver", default="ddim", choices=["ddim", "dpm"],
                       help="teacher's skipping-step solver: DDIM or DPM-Solver++(2S) (two teacher calls)")  # fmt: skip
     cons.add_argument("--loss", default="huber", choices=["huber", "l2"])
-    cons.add_argument("--ema-decay", type=float, default=0.95)
-    cons.add_argument("--sample-steps", type=int, default=4, help="default LCM steps of the saved student")
+    cons.add_argument("--ema-decay", type=FRACTION, default=0.95)
+    cons.add_argument(
+        "--sample-steps", type=POSITIVE, default=4, help="default LCM steps of the saved student"
+    )
     cons.set_defaults(func=cmd_consistency)
     return distill

@@ -17,6 +17,19 @@ import os
 import sys
 from pathlib import Path
 
+from fastdiff.cli.args import (
+    FINITE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_FLOAT,
+    PATH_ERRORS,
+    POSITIVE,
+    POSITIVE_FLOAT,
+    Parser,
+    accel_specs,
+    error_exit,
+    named_specs,
+)
+
 
 def cache_dir() -> Path:
     """Where zoo models named on the command line are built: $FASTDIFF_CACHE or ~/.cache/fastdiff."""
@@ -25,8 +38,12 @@ def cache_dir() -> Path:
 
 def resolve_model(model: str, size: str = "bench") -> Path:
     """A pipeline directory, or a zoo name built (once) into the cache."""
-    path = Path(model).expanduser()
-    if path.exists():
+    try:
+        path = Path(model).expanduser()
+        exists = path.exists()
+    except (RuntimeError, OSError, ValueError):  # ~unknown-user, a name too long for the file system
+        exists = False
+    if exists:
         return path
     from fastdiff import zoo
 
@@ -196,7 +213,7 @@ def cmd_demo(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastdiff", description=__doc__.splitlines()[0])
+    parser = Parser(prog="fastdiff", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     zoo = sub.add_parser("zoo", help="build offline models")
@@ -206,24 +223,29 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("name")
     build.add_argument("dir")
     build.add_argument("--size", default="test", choices=["test", "bench"])
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--seed", type=NON_NEGATIVE, default=0)
     zoo.set_defaults(func=cmd_zoo)
 
     ref = sub.add_parser("reference", help="the digits reference models (class- or text-conditional)")
     ref_sub = ref.add_subparsers(dest="ref_cmd", required=True)
     rbuild = ref_sub.add_parser("build", help="train the reference model into DIR")
     rbuild.add_argument("dir")
-    rbuild.add_argument("--steps", type=int, default=3000, help="optimizer steps (batch 64); default 3000")
-    rbuild.add_argument("--seed", type=int, default=0)
-    rbuild.add_argument("--threads", type=int, default=None, help="torch threads")
+    rbuild.add_argument(
+        "--steps", type=POSITIVE, default=3000, help="optimizer steps (batch 64); default 3000"
+    )
+    rbuild.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    rbuild.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
     rbuild.add_argument("--resolution", type=int, default=16, choices=[16, 32])
     rbuild.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt up to --steps")
     rbuild.add_argument("--kind", default="digits", choices=["digits", "sd"],
                         help="digits: class-conditional UNet2DModel; sd: digits-sd, a StableDiffusionPipeline "
                              "(VAE + CLIP text encoder + UNet2DConditionModel) on digit prompts")  # fmt: skip
-    rbuild.add_argument("--vae-steps", type=int, default=None, help="--kind sd: VAE steps (default 500)")
+    rbuild.add_argument("--vae-steps", type=POSITIVE, default=None, help="--kind sd: VAE steps (default 500)")
     rbuild.add_argument(
-        "--unet-steps", type=int, default=None, help="--kind sd: text encoder + UNet steps (default 21000)"
+        "--unet-steps",
+        type=POSITIVE,
+        default=None,
+        help="--kind sd: text encoder + UNet steps (default 21000)",
     )
     rbuild.add_argument("--minutes", type=float, help=argparse.SUPPRESS)  # removed; kept to explain why
     ref.set_defaults(func=cmd_reference)
@@ -233,46 +255,46 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name"
         )
-        p.add_argument("--threads", type=int, default=None, help="torch threads")
-        p.add_argument("--batch", type=int, default=None, help="images per call")
+        p.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
+        p.add_argument("--batch", type=POSITIVE, default=None, help="images per call")
 
     bench = sub.add_parser("bench", help="compare configs side by side")
     model_args(bench)
-    bench.add_argument("--config", action="append", required=True, metavar="NAME=SPECS")
-    bench.add_argument("--steps", type=int, default=20, help="steps for configs that do not set them")
-    bench.add_argument("--runs", type=int, default=3)
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--height", type=int)
-    bench.add_argument("--width", type=int)
-    bench.add_argument("--guidance", type=float)
+    bench.add_argument("--config", action="append", required=True, metavar="NAME=SPECS", type=named_specs)
+    bench.add_argument("--steps", type=POSITIVE, default=20, help="steps for configs that do not set them")
+    bench.add_argument("--runs", type=POSITIVE, default=3)
+    bench.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    bench.add_argument("--height", type=POSITIVE)
+    bench.add_argument("--width", type=POSITIVE)
+    bench.add_argument("--guidance", type=FINITE)
     bench.add_argument("--json", help="write results JSON here")
     bench.add_argument("--images", help="write a PNG grid per config into this directory")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
-    bench.add_argument("--devices", type=int, default=1,
+    bench.add_argument("--devices", type=POSITIVE, default=1,
                        help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs); every config then runs with freed memory kept for reuse (glibc), as the workers do")  # fmt: skip
     bench.set_defaults(func=cmd_bench)
 
     gen = sub.add_parser("generate", help="write PNGs")
     model_args(gen)
-    gen.add_argument("--accel", default="", help="accelerator specs, ';'-separated")
+    gen.add_argument("--accel", default="", type=accel_specs, help="accelerator specs, ';'-separated")
     gen.add_argument("--prompt", nargs="+")
-    gen.add_argument("--label", nargs="+", type=int)
-    gen.add_argument("--steps", dest="num_inference_steps", type=int)
-    gen.add_argument("--guidance", dest="guidance_scale", type=float)
-    gen.add_argument("--height", type=int)
-    gen.add_argument("--width", type=int)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--label", nargs="+", type=NON_NEGATIVE)
+    gen.add_argument("--steps", dest="num_inference_steps", type=POSITIVE)
+    gen.add_argument("--guidance", dest="guidance_scale", type=FINITE)
+    gen.add_argument("--height", type=POSITIVE)
+    gen.add_argument("--width", type=POSITIVE)
+    gen.add_argument("--seed", type=NON_NEGATIVE, default=0)
     gen.add_argument("--out", required=True)
-    gen.add_argument("--devices", type=int, default=1,
+    gen.add_argument("--devices", type=POSITIVE, default=1,
                      help="worker processes (gloo on CPU, nccl on GPUs) for the parallel accelerator (default mode=cfg); started and stopped here")  # fmt: skip
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="time split and top operators of one call")
     model_args(prof)
-    prof.add_argument("--accel", default="")
-    prof.add_argument("--steps", type=int, default=None)
-    prof.add_argument("--top", type=int, default=15)
+    prof.add_argument("--accel", default="", type=accel_specs)
+    prof.add_argument("--steps", type=POSITIVE, default=None)
+    prof.add_argument("--top", type=POSITIVE, default=15)
     prof.set_defaults(func=cmd_profile)
 
     comp = sub.add_parser(
@@ -280,10 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model_args(comp)
     comp.add_argument("out")
-    comp.add_argument("--accel", required=True, help="compress specs, e.g. 'prune(ratio=0.5)'")
-    comp.add_argument("--recover-steps", type=int, default=200)
-    comp.add_argument("--lr", type=float, default=5e-4)
-    comp.add_argument("--gt-weight", type=float, default=0.0, help="weight of the plain denoising loss")
+    comp.add_argument(
+        "--accel", required=True, type=accel_specs, help="compress specs, e.g. 'prune(ratio=0.5)'"
+    )
+    comp.add_argument("--recover-steps", type=NON_NEGATIVE, default=200)
+    comp.add_argument("--lr", type=POSITIVE_FLOAT, default=5e-4)
+    comp.add_argument(
+        "--gt-weight", type=NON_NEGATIVE_FLOAT, default=0.0, help="weight of the plain denoising loss"
+    )
     comp.add_argument("--no-resume", action="store_true")
     comp.set_defaults(func=cmd_compress)
 
@@ -291,15 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(onnx)
     onnx.add_argument("out")
     onnx.add_argument("--vae", action="store_true", help="also export the VAE decoder")
-    onnx.add_argument("--opset", type=int, default=17)
+    onnx.add_argument("--opset", type=POSITIVE, default=17)
     onnx.set_defaults(func=cmd_export_onnx)
 
     demo = sub.add_parser("demo", help="the main job: reference model, baseline vs accelerated")
     demo.add_argument("--out", default="out/demo")
-    demo.add_argument("--runs", type=int, default=1, help="timed calls per config")
-    demo.add_argument("--images", type=int, default=None, help="images per call (default 500; --quick: 100)")
+    demo.add_argument("--runs", type=POSITIVE, default=1, help="timed calls per config")
     demo.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: steady timings on a shared machine)"
+        "--images", type=POSITIVE, default=None, help="images per call (default 500; --quick: 100)"
+    )
+    demo.add_argument(
+        "--threads",
+        type=POSITIVE,
+        default=1,
+        help="torch threads (default 1: steady timings on a shared machine)",
     )
     demo.add_argument(
         "--retrain", action="store_true", help="train the reference (3000 steps) instead of the shipped one"
@@ -308,19 +339,58 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     for name in COMMAND_MODULES:  # commands defined beside their subsystem: each module registers its own
         importlib.import_module(f"fastdiff.cli.{name}").register(sub)
+    for command in commands(parser).values():  # errors name the command: "fastdiff distill progressive: ..."
+        command.set_defaults(_prog=command.prog)
     return parser
+
+
+def commands(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every leaf command's parser, by its words: ``{("zoo", "build"): ..., ("bench",): ...}``."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update({(name, *k): v for k, v in commands(sub).items()} or {(name,): sub})
+    return found
 
 
 COMMAND_MODULES = ("distill", "schedule", "classifier_guidance", "serve", "tune", "tpu", "cache")
 
 
+# ValueError raised in these modules checks what the user gave (diffusers: a pipeline's check_inputs, a
+# scheduler's step count); elsewhere (torch, numpy, ...) it may be a bug and keeps its traceback.
+USER_ERROR_MODULES = ("fastdiff.", "diffusers.pipelines.", "diffusers.schedulers.")
+
+
+def user_error(exc: BaseException) -> bool:
+    """A bad path, a fastdiff error type (all are ValueErrors), or a ValueError from USER_ERROR_MODULES."""
+    if isinstance(exc, PATH_ERRORS):
+        return True
+    if not isinstance(exc, ValueError):
+        return False
+    if type(exc).__module__.startswith("fastdiff."):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(USER_ERROR_MODULES)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Run a command; a user error exits 2 with one ``fastdiff CMD: error: ...`` line, never a traceback."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
+    prog = getattr(args, "_prog", "fastdiff")
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a command's own `raise SystemExit("error: ...")`
+            raise error_exit(prog, exc.code) from None
+        raise
+    except Exception as exc:
+        if not user_error(exc):
+            raise  # a bug: keep its traceback
+        raise error_exit(prog, str(exc)) from exc
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fastdiff.cli.args import POSITIVE
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``tune-schedule`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
@@ -34,22 +36,22 @@ def register(subparsers) -> argparse.ArgumentParser:
         help=f"sampler preset to tune: {', '.join(TUNABLE)} (flow-* for flow-matching models; the others are "
         "refused with the reason)",
     )
-    p.add_argument("--nfe", type=int, required=True, help="denoiser calls (= steps for these samplers)")
+    p.add_argument("--nfe", type=POSITIVE, required=True, help="denoiser calls (= steps for these samplers)")
     p.add_argument("--out", required=True, help="write the schedule JSON here")
-    p.add_argument("--seeds", type=int, default=8, help="calibration seeds (1000, 1001, ...); default 8")
-    p.add_argument("--batch", type=int, default=None, help="images per seed (default: the bench batch)")
-    p.add_argument("--max-evals", type=int, default=1500, help="objective evaluations; default 1500")
-    p.add_argument("--starts", type=int, default=3, help="searches from the best N standard spacings")
+    p.add_argument("--seeds", type=POSITIVE, default=8, help="calibration seeds (1000, 1001, ...); default 8")
+    p.add_argument("--batch", type=POSITIVE, default=None, help="images per seed (default: the bench batch)")
+    p.add_argument("--max-evals", type=POSITIVE, default=1500, help="objective evaluations; default 1500")
+    p.add_argument("--starts", type=POSITIVE, default=3, help="searches from the best N standard spacings")
     p.add_argument("--pin-first", action="store_true",
                    help="keep the first timestep at T-1 (default: the search may start lower)")  # fmt: skip
     p.add_argument(
         "--reference-steps",
-        type=int,
+        type=POSITIVE,
         default=100,
         help="steps of the reference run (DPM++2M Karras; UniPC on flow sigmas for flow models); not on the "
         "exact models gmm and gmm-flow",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from fastdiff.cli.args import FINITE, NON_NEGATIVE, POSITIVE, accel_specs
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``tpu-infer`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
@@ -20,18 +22,25 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
-    p.add_argument("--accel", default="", help="accelerator specs, e.g. 'scheduler(name=dpm++2m,steps=20)'")
     p.add_argument(
-        "--batch", type=int, default=1, help="images per call (a static shape: every call the same)"
+        "--accel",
+        default="",
+        type=accel_specs,
+        help="accelerator specs, e.g. 'scheduler(name=dpm++2m,steps=20)'",
     )
     p.add_argument(
-        "--steps", type=int, help="denoising steps (default: the scheduler preset's, else the pipeline's)"
+        "--batch", type=POSITIVE, default=1, help="images per call (a static shape: every call the same)"
     )
-    p.add_argument("--guidance", type=float, help="guidance scale (default: the pipeline's)")
+    p.add_argument(
+        "--steps",
+        type=POSITIVE,
+        help="denoising steps (default: the scheduler preset's, else the pipeline's)",
+    )
+    p.add_argument("--guidance", type=FINITE, help="guidance scale (default: the pipeline's)")
     p.add_argument("--bf16", action="store_true", help="load the weights in bfloat16")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (XLA compiles in them)")
-    p.add_argument("--runs", type=int, default=3, help="timed calls")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=POSITIVE, default=1, help="untimed calls first (XLA compiles in them)")
+    p.add_argument("--runs", type=POSITIVE, default=3, help="timed calls")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
     p.add_argument(
         "--device", default="xla", help="'xla' (default), 'xla:N', or 'cpu' for the same calls eagerly"
     )

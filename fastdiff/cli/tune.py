@@ -19,6 +19,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from fastdiff.cli.args import FINITE, NON_NEGATIVE, POSITIVE, POSITIVE_FLOAT, existing_file, named_specs
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
@@ -27,22 +29,28 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
     p.add_argument("--budget", action="append", required=True,
                    help="e.g. 'accuracy>=-1 point', 'accuracy>=-0.01', 'fd<=1.2x', 'psnr>=35'; repeat: all must hold")  # fmt: skip
-    p.add_argument("--space", help="search space YAML (default: the model family's; see --print-space)")
+    p.add_argument(
+        "--space",
+        type=existing_file,
+        help="search space YAML (default: the model family's; see --print-space)",
+    )
     p.add_argument("--baseline", help="budgets are relative to this config: specs or 'SAMPLER STEPS' (default dpm++2m 20)")  # fmt: skip
-    p.add_argument("--time-limit", type=float, help="minutes; no new measurement starts after it")
+    p.add_argument("--time-limit", type=POSITIVE_FLOAT, help="minutes; no new measurement starts after it")
     p.add_argument("--out", help="write the result JSON here (best, frontier, every measurement)")
     p.add_argument("--cache", help="measurement cache directory (default $FASTDIFF_CACHE/tune)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again, keep nothing")
-    p.add_argument("--guidance", type=float, help="guidance scale of every call (default: the pipeline's)")
-    p.add_argument("--steps", type=int, default=20, help="steps for specs that do not set them (as bench)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--guidance", type=FINITE, help="guidance scale of every call (default: the pipeline's)")
+    p.add_argument(
+        "--steps", type=POSITIVE, default=20, help="steps for specs that do not set them (as bench)"
+    )
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--threads", type=POSITIVE, default=1, help="torch threads (default 1)")
     p.add_argument(
         "--timing", default="cpu", choices=["cpu", "wall"], help="speed figure (default: CPU time)"
     )
-    p.add_argument("--compare", action="append", default=[], metavar="NAME=SPECS",
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=SPECS", type=named_specs,
                    help="after the search, re-time the baseline, these configs and the best side by side (one bench run)")  # fmt: skip
-    p.add_argument("--compare-runs", type=int, default=1, help="timed runs of the side-by-side bench")
+    p.add_argument("--compare-runs", type=POSITIVE, default=1, help="timed runs of the side-by-side bench")
     p.add_argument("--print-space", action="store_true", help="print the search space as YAML and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

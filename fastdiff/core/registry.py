@@ -169,4 +169,8 @@ def _format_value(v: Any) -> str:
         return "true" if v else "false"
     if v is None:
         return "none"
+    if isinstance(v, str) and (
+        v != v.strip() or v.lower() in ("none", "null") or any(c in v for c in ',;"')
+    ):  # written so that fastdiff.core.spec reads it back as this string (see its docstring)
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return str(v)

@@ -1,5 +1,9 @@
 """Text specs for accelerators: ``NAME(key=value, ...)``, several joined by ``;``.
 
+A value in double quotes is taken as it is (``path="/tmp/a,b.json"``, ``fit="none"``): inside them ``,``, ``;``,
+parentheses and outer spaces are part of the value, and ``\\"`` / ``\\\\`` stand for ``"`` / ``\\``.
+``str(config)`` quotes the strings that need it, so every valid config round-trips.
+
 Example::
 
     import fastdiff
@@ -27,7 +31,44 @@ def parse(spec: str | Accelerator | list) -> list[Accelerator]:
         return [c for item in spec for c in parse(item)]
     if not isinstance(spec, str):
         raise AcceleratorError(f"expected a spec string or an Accelerator config, got {type(spec).__name__}")
-    return [parse_one(part) for part in spec.split(";") if part.strip()]
+    return [parse_one(part) for part in split_outside_quotes(spec, ";") if part.strip()]
+
+
+def split_outside_quotes(text: str, sep: str) -> list[str]:
+    """Split ``text`` on ``sep`` where it is not inside a double-quoted value."""
+    parts, start, quoted, i = [], 0, False, 0
+    while i < len(text):
+        char = text[i]
+        if quoted and char == "\\":
+            i += 1  # the next character is escaped
+        elif char == '"':
+            quoted = not quoted
+        elif char == sep and not quoted:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if quoted:
+        raise AcceleratorError(f"unterminated quote in accelerator spec {text!r}")
+    parts.append(text[start:])
+    return parts
+
+
+def unquote(value: str, where: str) -> tuple[str, bool]:
+    """``(text, quoted)``: a bare value as it is, or the content of a double-quoted one, unescaped."""
+    if '"' not in value:
+        return value, False
+    if len(value) < 2 or value[0] != '"' or value[-1] != '"':
+        raise AcceleratorError(f'{where}: quote the whole value (key="..."), got {value!r}')
+    out, i, inner = [], 0, value[1:-1]
+    while i < len(inner):
+        char = inner[i]
+        if char == "\\" and inner[i + 1 : i + 2] in ('"', "\\"):
+            char, i = inner[i + 1], i + 1
+        elif char == '"':
+            raise AcceleratorError(f'{where}: write a quote inside a quoted value as \\", got {value!r}')
+        out.append(char)
+        i += 1
+    return "".join(out), True
 
 
 def parse_one(text: str) -> Accelerator:
@@ -38,7 +79,7 @@ def parse_one(text: str) -> Accelerator:
     cls = get(name)
     types_ = field_types(cls)
     kwargs: dict[str, Any] = {}
-    for item in (body or "").split(","):
+    for item in split_outside_quotes(body or "", ","):
         if not item.strip():
             continue
         if "=" not in item:
@@ -48,15 +89,16 @@ def parse_one(text: str) -> Accelerator:
             raise AcceleratorError(f"{name}: unknown option {key!r}; allowed: {', '.join(types_) or 'none'}")
         if key in kwargs:
             raise AcceleratorError(f"{name}: option {key!r} given twice")
-        kwargs[key] = convert(value, types_[key], f"{name}.{key}")
+        text, quoted = unquote(value, f"{name}.{key}")
+        kwargs[key] = convert(text, types_[key], f"{name}.{key}", quoted)
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required option is missing
         raise AcceleratorError(f"{name}: {exc}") from exc
 
 
-def convert(text: str, annotation: Any, where: str) -> Any:
-    """Convert ``text`` to the annotated type, or raise naming what is allowed."""
+def convert(text: str, annotation: Any, where: str, quoted: bool = False) -> Any:
+    """Convert ``text`` to the annotated type, or raise naming what is allowed (a quoted value is never None)."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         allowed = typing.get_args(annotation)
@@ -68,12 +110,12 @@ def convert(text: str, annotation: Any, where: str) -> Any:
         )
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
-        if type(None) in args and text.lower() in ("none", "null"):
+        if type(None) in args and not quoted and text.lower() in ("none", "null"):
             return None
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return convert(text, arg, where)
+                return convert(text, arg, where, quoted)
             except AcceleratorError as exc:
                 errors.append(str(exc))
         raise AcceleratorError("; ".join(errors))
