@@ -167,7 +167,7 @@ def test_bad_calls(sd):
         sd(**{**kwargs, "num_inference_steps": 1000})
     assert max_steps(sd.pipe.scheduler) == 999
     factor = sd.size_factor()
-    assert factor % 8 == 0  # StableDiffusionPipeline.check_inputs wants multiples of 8 (fuzzing found 4 let through)
+    assert factor % 8 == 0  # SD's check_inputs wants multiples of 8 (fuzzing found 4 let through)
     with pytest.raises(CallArgumentError, match=f"height=33 .* a positive multiple of {factor}"):
         sd(**kwargs, height=33, width=32)
     bad = [

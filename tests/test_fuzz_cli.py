@@ -217,7 +217,9 @@ def test_every_command_is_covered():
         (["demo", "--runs=0"], "--runs"),  # started the demo
         (["generate", "/nope", "--out", "o", "--guidance", "nan"], "--guidance"),
         (["tune", "/nope", "--budget", "psnr>=35", "--space", "/nope.yaml"], "--space"),
-        (["serve", "/nope", "--token-file", "/nope"], "No such file"),
+        (["serve", "/nope", "--token-file", "/nope"], "no such file"),
+        (["serve", "/nope", "--max-batch", "0"], "--max-batch"),  # refused late, by the batcher
+        (["serve", "/nope", "--profile", "fast=nosuch(x=1)"], "--profile"),  # after loading the model
         (["bench", "~nosuchuser-fastdiff/m", "--config", "a="], "neither a directory"),  # RuntimeError
         (["bench", "a" * 300, "--config", "a="], "neither a directory"),  # OSError: file name too long
     ],

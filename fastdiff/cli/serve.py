@@ -17,6 +17,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from fastdiff.cli.args import (
+    NON_NEGATIVE_FLOAT,
+    POSITIVE,
+    POSITIVE_FLOAT,
+    IntRange,
+    existing_file,
+    named_specs,
+)
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
@@ -24,14 +33,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
     p.add_argument(
-        "--profile", action="append", default=[], metavar="NAME=SPECS",
+        "--profile", action="append", default=[], metavar="NAME=SPECS", type=named_specs,
         help="a named accelerator set clients choose by name (repeatable; the first is the default)",
     )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=8, help="images per pipeline call")
+    p.add_argument("--port", type=IntRange(0, 65535), default=8000)
+    p.add_argument("--max-batch", type=POSITIVE, default=8, help="images per pipeline call")
     p.add_argument(
-        "--max-wait-ms", type=float, default=None,
+        "--max-wait-ms", type=NON_NEGATIVE_FLOAT, default=None,
         help="how long a batch waits to fill (default 20; 0 with --exact-seeds, where no batch can fill)",
     )  # fmt: skip
     p.add_argument(
@@ -39,16 +48,18 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="run every request in a pipeline call of its own: its images are bit-identical whatever else is "
         "queued, at the cost of batching (docs/serving.md, 'Reproducible by seed')",
     )  # fmt: skip
-    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
-    p.add_argument("--timeout-s", type=float, default=120.0, help="504 past this, and the work is dropped")
-    p.add_argument("--token-file", help="file holding the bearer token clients must send")
-    p.add_argument("--max-steps", type=int, default=200)
-    p.add_argument("--max-count", type=int, default=8, help="images per request")
-    p.add_argument("--max-side", type=int, default=1024, help="largest width/height")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (per replica)")
+    p.add_argument("--max-queue", type=POSITIVE, default=64, help="waiting requests before 429")
+    p.add_argument(
+        "--timeout-s", type=POSITIVE_FLOAT, default=120.0, help="504 past this, and the work is dropped"
+    )
+    p.add_argument("--token-file", type=existing_file, help="file holding the bearer token clients must send")
+    p.add_argument("--max-steps", type=POSITIVE, default=200)
+    p.add_argument("--max-count", type=POSITIVE, default=8, help="images per request")
+    p.add_argument("--max-side", type=POSITIVE, default=1024, help="largest width/height")
+    p.add_argument("--threads", type=POSITIVE, default=1, help="torch threads (per replica)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--ray", action="store_true", help="run on Ray Serve (local Ray, loopback)")
-    p.add_argument("--replicas", type=int, default=2, help="Ray Serve replicas (with --ray)")
+    p.add_argument("--replicas", type=POSITIVE, default=2, help="Ray Serve replicas (with --ray)")
     p.add_argument("--ray-dir", default="/tmp/fastdiff-ray", help="Ray's temp files (with --ray)")
     p.set_defaults(func=run)
     return p

@@ -129,22 +129,26 @@ class Prune(Accelerator):
                 den.requires_grad_(trainable)
             set_config(den, new_config)
             problem = config_mismatch(den)
+            den.zero_grad(set_to_none=True)
+            handle = sized_handle(  # runs the pruned UNet once: a ratio it cannot run at fails here
+                restore, den, inputs, before,
+                block_out_channels=tuple(new_config["block_out_channels"]), config_exact=problem is None,
+            )  # fmt: skip
+        except (RuntimeError, ZeroDivisionError, IndexError) as error:  # channel counts it cannot take
+            restore()
+            raise AcceleratorError(
+                f"prune: ratio {self.ratio:g} leaves this {type(den).__name__} unable to run "
+                f"({type(error).__name__}: {error}); choose a ratio that keeps whole GroupNorm groups and heads, "
+                "e.g. 0.25 or 0.5"
+            ) from error
         except BaseException:
             restore()
             raise
-        den.zero_grad(set_to_none=True)
         if problem:
             warnings.warn(
                 f"prune: the pruned UNet differs from what its config rebuilds ({problem})", stacklevel=3
             )
-        return sized_handle(
-            restore,
-            den,
-            inputs,
-            before,
-            block_out_channels=tuple(new_config["block_out_channels"]),
-            config_exact=problem is None,
-        )
+        return handle
 
 
 # Inputs through which other models (ControlNet, T2I-Adapter) add features of the UNet's own widths.

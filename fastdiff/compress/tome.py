@@ -120,6 +120,8 @@ class _State:
         h, w = math.ceil(H / level), math.ceil(W / level)
         if h * w != tokens.shape[1]:  # an unexpected layout: leave this layer alone
             return None
+        if h < self.config.sy or w < self.config.sx:  # smaller than one merge cell: nothing to merge into
+            return None
         if self.call_index != self.context.call_index:
             self.call_index = self.context.call_index
             self.generator.manual_seed(_SEED)
