@@ -21,7 +21,7 @@ ACCELERATORS = {
     "tiny-dit": ["", "scheduler(name=unipc);blockcache(interval=2)", "forecast(interval=2)"],
     "tiny-sd3": ["", "scheduler(name=flow-dpm++2m);blockcache(mode=teacache)", "forecast(interval=2)"],
 }
-SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=14, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 BAD_STEPS = st.one_of(st.integers(-3, 0), st.floats(allow_nan=True), st.booleans(), st.just("2"))
 
@@ -109,7 +109,7 @@ def test_calls_give_images_or_a_value_error_and_remove_stays_exact(name):
         handle = fp.accelerate(spec) if spec else None
         outcomes = fuzz_calls(fp, name)
         print(name, spec, outcomes)
-        assert outcomes["images"] >= 5 and outcomes["refused"] >= 2, outcomes  # both sides were exercised
+        assert outcomes["images"] >= 4 and outcomes["refused"] >= 2, outcomes  # both sides were exercised
         if handle is not None:
             handle.remove()
         assert np.array_equal(baseline(fp, name), before), spec

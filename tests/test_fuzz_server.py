@@ -1,6 +1,6 @@
 """Schemathesis fuzzes the real server against its own OpenAPI schema (benchmarks/fuzz_server.py: the digits
 and tiny-sd servers, with and without the token, every check): no 5xx, every response as documented, invalid
-data refused, valid data accepted. ``make fuzz-server`` runs the longer profile into benchmarks/results/."""
+data refused, valid data accepted. 100 examples per operation here; ``make fuzz-server`` runs the longer profile into benchmarks/results/."""
 
 import json
 import subprocess

@@ -168,7 +168,7 @@ def _applies_cleanly_or_is_refused(tiny_sd, items):
     np.testing.assert_array_equal(run(fp), before)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(configs(APPLIED, SMALL, st.text(max_size=8), FIELDS), min_size=1, max_size=3))
 def test_configs_apply_and_remove_cleanly_or_are_refused(tiny_sd, items):
     note(";".join(map(str, items)))
