@@ -28,7 +28,7 @@ test: venv
 
 # The longer schemathesis profile of the server (the suite runs 200 examples per operation): results/fuzz_server.json
 fuzz-server: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/fuzz_server.py --max-examples 2000
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/fuzz_server.py --max-examples 1000
 
 # The server under mixed valid/invalid load for 10 minutes: results/soak.json
 soak: venv

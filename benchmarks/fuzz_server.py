@@ -6,7 +6,7 @@ Two servers: the shipped digits model (class labels, no token) and tiny-sd (prom
 with ``--max-examples`` per operation; the tiny-sd one twice (with the token, and without it: every call that
 needs it must be a documented 401).
 
-    python benchmarks/fuzz_server.py --max-examples 2000   # make fuzz-server: results/fuzz_server.json
+    python benchmarks/fuzz_server.py --max-examples 1000   # make fuzz-server: results/fuzz_server.json
     python benchmarks/fuzz_server.py --max-examples 200 --out /tmp/fuzz.json   # what the CI test runs
 
 Exit status 0 only when every run found no issue.
@@ -90,7 +90,7 @@ def fuzz(url: str, examples: int, seed: int, work: Path, name: str, token: str |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-examples", type=int, default=2000)
+    parser.add_argument("--max-examples", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "fuzz_server.json")
     args = parser.parse_args(argv)
