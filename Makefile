@@ -24,7 +24,7 @@ demo: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The longer schemathesis profile of the server (the suite runs 200 examples per operation): results/fuzz_server.json
 fuzz-server: venv

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,48 +23,12 @@ import time
 from datetime import date
 from pathlib import Path
 
-import httpx
+from serve_load import Server  # benchmarks/serve_load.py: fastdiff serve in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TOKEN = "fuzz-token-0123456789"
 LIMITS = ["--max-steps", "4", "--max-count", "2", "--max-side", "64"]  # keeps valid requests cheap
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(model: Path, port: int, flags: list[str], log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastdiff.cli.main",
-        "serve",
-        str(model),
-        "--port",
-        str(port),
-        "--threads",
-        "1",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return subprocess.Popen([*cmd, *flags], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def wait_up(url: str, proc: subprocess.Popen, seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not up after {seconds} s")
 
 
 def fuzz(url: str, examples: int, seed: int, work: Path, name: str, token: str | None) -> dict:
@@ -103,26 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         digits = install_digits(work / "digits")
         tiny = build("tiny-sd", work / "tiny-sd", size="test")
         fast = "fast=scheduler(name=dpm++2m,steps=2)"
-        servers = {
-            "digits": (digits, ["--profile", fast, *LIMITS]),
-            "tiny-sd": (tiny, ["--profile", fast, "--token-file", str(work / "token"), *LIMITS]),
-        }
-        procs = {}
-        try:
-            for name, (model, flags) in servers.items():
-                port = free_port()
-                procs[name] = (start(model, port, flags, work / f"{name}.log"), f"http://127.0.0.1:{port}")
-            for proc, url in procs.values():
-                wait_up(url, proc)
+        token_flags = ["--token-file", str(work / "token")]
+        servers = (  # both start now and load side by side
+            Server(str(digits), "--profile", fast, *LIMITS, log=work / "digits.log"),
+            Server(str(tiny), "--profile", fast, *token_flags, *LIMITS, log=work / "tiny-sd.log"),
+        )
+        with servers[0] as plain, servers[1] as guarded:
             runs = [
-                fuzz(procs["digits"][1], args.max_examples, args.seed, work, "digits", None),
-                fuzz(procs["tiny-sd"][1], args.max_examples, args.seed, work, "tiny-sd-token", TOKEN),
-                fuzz(procs["tiny-sd"][1], args.max_examples, args.seed, work, "tiny-sd-no-token", None),
+                fuzz(plain.url, args.max_examples, args.seed, work, "digits", None),
+                fuzz(guarded.url, args.max_examples, args.seed, work, "tiny-sd-token", TOKEN),
+                fuzz(guarded.url, args.max_examples, args.seed, work, "tiny-sd-no-token", None),
             ]
-        finally:
-            for proc, _ in procs.values():
-                proc.terminate()
-                proc.wait(30)
     for run in runs:
         print(f"{run['run']:18s} exit {run['exit_status']}  {run['summary']}  ({run['seconds']} s)")
         for failure in run["failures"]:

@@ -24,7 +24,8 @@ def one_thread():
 
 
 # The files that take longest (minutes with `make test`'s two workers) run first, so that `--dist loadfile`
-# does not leave one worker on a long file while the other has finished.
+# does not leave one worker on a long file while the other has finished (`make test` passes
+# --no-loadscope-reorder: xdist would otherwise order files by their number of tests).
 LONGEST_FIRST = ("test_fuzz_server.py", "test_notebooks.py", "test_serving.py", "test_coexist.py",
                  "test_quantize_static.py")  # fmt: skip
 

@@ -20,7 +20,7 @@ def test_schemathesis_finds_no_issue(tmp_path):
         sys.executable,
         str(ROOT / "benchmarks" / "fuzz_server.py"),
         "--max-examples",
-        "200",
+        "100",
         "--out",
         str(out),
     ]
