@@ -295,9 +295,7 @@ class FastPipeline:
                 check_size(key, kwargs[key], factor)
 
     def _signature_default(self, name: str):
-        parameter = self.call_signature.parameters.get(name)
-        default = None if parameter is None else parameter.default
-        return None if default is inspect.Parameter.empty else default
+        return _call_default(type(self.pipe), name)
 
     def _batch_size(self, kwargs: dict) -> int | None:
         for key in ("prompt", "class_labels"):
@@ -375,6 +373,14 @@ def _own_weights(pipe) -> None:
         if isinstance(component, torch.nn.Module):
             for tensor in list(component.parameters()) + list(component.buffers()):
                 tensor.data = tensor.data.clone()
+
+
+@functools.lru_cache(maxsize=256)
+def _call_default(cls, name: str):
+    """The default of ``cls.__call__``'s argument ``name`` (None if it has none), read once per class."""
+    parameter = inspect.signature(cls.__call__).parameters.get(name)
+    default = None if parameter is None else parameter.default
+    return None if default is inspect.Parameter.empty else default
 
 
 def _check_finite(output: Any) -> None:
