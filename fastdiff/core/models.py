@@ -213,6 +213,19 @@ _UNET_UNITS = (
 )
 
 
+# Flow transformers: the embedders, every block (a dual-stream block's output is its (text, image) pair), the head.
+_SD3_UNITS = (
+    "pos_embed",
+    "time_text_embed",
+    "context_embedder",
+    "transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
+_FLUX_UNITS = ("x_embedder", "time_text_embed", "context_embedder", "transformer_blocks.*",
+               "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
+
+
 DENOISERS: dict[str, DenoiserFacts] = {
     "UNet2DConditionModel": DenoiserFacts(
         "unet", ("down_blocks", "mid_block", "up_blocks"), ("BasicTransformerBlock",), _UNET_UNITS
@@ -228,12 +241,14 @@ DENOISERS: dict[str, DenoiserFacts] = {
     ),
     # Flow-matching transformers: dual-stream (text and image) blocks, then single-stream ones (Flux).
     "FluxTransformer2DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks", "single_transformer_blocks")
+        "transformer",
+        ("transformer_blocks", "single_transformer_blocks"),
+        stage_units=_FLUX_UNITS,
     ),
     "Flux2Transformer2DModel": DenoiserFacts(
         "transformer", ("transformer_blocks", "single_transformer_blocks")
     ),
-    "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_SD3_UNITS),
     "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
     "ZImageTransformer2DModel": DenoiserFacts("transformer", ("layers",)),
     "SanaTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),

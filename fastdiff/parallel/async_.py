@@ -147,6 +147,13 @@ class AsyncDenoiserHook(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         st = self.state
+        if st.context.cfg_sequence and st.context.branches != ("cond",):
+            raise AcceleratorError(
+                "parallel(mode=async) keeps one set of stale activations per step; guidance run as separate "
+                f"denoiser calls ({st.context.branches[0]} after cond: true_cfg_scale > 1 with a negative prompt) "
+                "would feed one branch's activations to the other. Call without true CFG, or use "
+                "parallel(mode=cfg)'s batched-guidance families"
+            )
         st.begin(batch_size_of(args, kwargs))
         try:
             output = self.fn_ref.original_forward(*args, **kwargs)
