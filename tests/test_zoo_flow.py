@@ -194,3 +194,20 @@ def test_size_factor_is_a_size_the_pipeline_takes_as_is(name):
     assert images.shape[1:3] == (side, side + factor), (factor, images.shape)
     with pytest.raises(CallArgumentError, match=f"a positive multiple of {factor}"):
         fp(prompt=PROMPT, **{**kwargs, "width": side + factor // 2})
+
+
+def test_guidance_to_a_model_that_ignores_it_is_refused():
+    """FLUX.1-schnell has no guidance input: diffusers drops guidance_scale silently, fastdiff refuses a value
+    asking for guidance (> 1) and takes the documented guidance_scale=0; Flux-dev-style takes any value."""
+    from fastdiff import FastPipeline
+    from fastdiff.core.calls import CallArgumentError
+
+    call = dict(prompt=PROMPT, num_inference_steps=1, output_type="np", height=32, width=32)
+    schnell = FastPipeline(make_flow_pipeline("tiny-flux-schnell"))
+    with pytest.raises(CallArgumentError, match="guidance_embeds=False.*true_cfg_scale") as refused:
+        schnell(**call, guidance_scale=7.0)
+    assert refused.value.argument == "guidance_scale" and refused.value.value == 7.0
+    assert np.isfinite(schnell(**call, guidance_scale=0.0).images).all()
+    dev = FastPipeline(make_flow_pipeline("tiny-flux"))
+    assert dev.denoiser.config.guidance_embeds
+    assert np.isfinite(dev(**call, guidance_scale=7.0).images).all()

@@ -82,6 +82,21 @@ def check_size(key: str, size, factor: int) -> None:
         raise CallArgumentError(key, size, f"a positive multiple of {factor} for this model")
 
 
+def check_ignored_guidance(guidance, default, denoiser, flag: str) -> None:
+    """A ``guidance_scale`` above 1 (other than the pipeline's own default) to a model without the guidance
+    input ``flag`` (FLUX.1-schnell): diffusers would drop it without a word."""
+    if not flag or guidance is None or guidance == default or guidance <= 1:
+        return
+    if getattr(denoiser.config, flag, True):
+        return
+    raise CallArgumentError(
+        "guidance_scale", guidance,
+        f"at most 1, unset or the pipeline default ({default}): this {type(denoiser).__name__} has "
+        f"{flag}=False (not guidance-distilled, like FLUX.1-schnell) and ignores guidance_scale; for "
+        "classifier-free guidance give true_cfg_scale > 1 with a negative_prompt",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class StepLimit:
     """What one accelerator lets ``num_inference_steps`` be: ``only`` these counts, or at most ``maximum``."""

@@ -48,6 +48,9 @@ class PipelineFacts:
     # PixArt 8, Sana 32), and of latent_multiple latent pixels (Flux, Flux.2, Qwen-Image resize otherwise)
     size_multiple: int = 1
     latent_multiple: int = 1
+    # the denoiser config flag under which guidance_scale is an input (Flux-dev, Qwen-Image): without it the
+    # model ignores guidance_scale (FLUX.1-schnell), so a call asking for guidance is refused
+    guidance_embeds_flag: str = ""
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
@@ -81,10 +84,12 @@ PIPELINES: dict[str, PipelineFacts] = {
 # (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
 # Qwen-Image does by default. default_guidance is the default of guidance_arg.
 _FLUX = PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Flux", latent_multiple=2)  # fmt: skip
+                      passes_sigmas="always", passes_mu=True, family="Flux", latent_multiple=2,
+                      guidance_embeds_flag="guidance_embeds")  # fmt: skip
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
 _QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Qwen-Image", latent_multiple=2)  # fmt: skip
+                      passes_sigmas="always", passes_mu=True, family="Qwen-Image", latent_multiple=2,
+                      guidance_embeds_flag="guidance_embeds")  # fmt: skip
 _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
 _NOISING = (
     "scale_noise",

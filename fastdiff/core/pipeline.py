@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdiff.core.calls import StepLimit, allowed_steps, check_call_values, check_size, check_steps
+from fastdiff.core.calls import (
+    StepLimit,
+    allowed_steps,
+    check_call_values,
+    check_ignored_guidance,
+    check_size,
+    check_steps,
+)
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
@@ -289,6 +296,12 @@ class FastPipeline:
         if steps is not None:
             check_steps(self.pipe.scheduler, steps, self._step_limits)
         check_call_values(kwargs, self._batch_size(kwargs))
+        facts = PIPELINES.get(type(self.pipe).__name__)
+        if facts is not None and facts.guidance_embeds_flag:
+            default = self._signature_default("guidance_scale")
+            check_ignored_guidance(
+                kwargs.get("guidance_scale"), default, self.denoiser, facts.guidance_embeds_flag
+            )
         factor = self.size_factor()
         for key in ("height", "width"):
             if kwargs.get(key) is not None:
