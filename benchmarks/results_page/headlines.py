@@ -1,0 +1,367 @@
+"""The README's accelerator table: one row per accelerator, its headline figure read from a results file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .format import db, find, fx, pct, rel, table
+
+
+def h_scheduler(r):
+    d = r["reference_shipped_g1"]["configs"]
+    base, c = find(d, "name", "ddim50"), find(d, "name", "dpm++2m20")
+    return (
+        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (dpm++2m 20)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def h_schedule(r):
+    d = r["schedules_digits"]["bench"]["configs"]
+    t, b = find(d, "name", "tuned-4"), find(d, "name", "default-4")
+    return (
+        "same cost as the default spacing (4 steps)",
+        f"FD {t['fd']:.2f} vs {b['fd']:.2f}, {pct(t['accuracy'])} vs {pct(b['accuracy'])}",
+        "digits",
+    )
+
+
+def h_deepcache(r):
+    d = r["cache_digits"]["configs"]
+    base, c = d[0], find(d, "specs", "scheduler(name=dpm++2m,steps=20);deepcache(interval=3,branch=0)")
+    return (
+        f"{fx(c['cpu_speedup'])} (interval 3)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def h_blockcache(r):
+    d = r["flow_caching"]["rows"]
+    base, c = d[0], find(d, "name", "fd-teacache-0.12")
+    return (
+        f"{fx(c['speedup'])} (teacache 0.12)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits-flow",
+    )
+
+
+def h_forecast(r):
+    d = r["flow_caching"]["rows"]
+    base, c = d[0], find(d, "name", "fd-forecast-3")
+    return (
+        f"{fx(c['speedup'])} (order 1, interval 3)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits-flow",
+    )
+
+
+def h_promptcache(r):
+    d = r["digits_sd"]["configs"]
+    c = find(d, "name", "promptcache")
+    return (
+        f"{fx(c['cpu_speedup'])} on one image (saves the text encoder on repeated prompts)",
+        f"{db(c['psnr'])} images",
+        "digits-sd",
+    )
+
+
+def h_cfg_interval(r):
+    d = r["digits_sd"]["configs"]
+    base, c = d[0], find(d, "name", "cfg-interval 0.2-0.8")
+    return (
+        f"{fx(c['cpu_speedup'])} (window 0.2-0.8)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits-sd",
+    )
+
+
+def h_classifier_guidance(r):
+    d = r["classifier_guidance"]
+    c, u = find(d["sweep"], "name", "uncond cg4 [0.2,1.0)"), find(d["sweep"], "name", "uncond cg0")
+    extra = d["overhead"]["cg4 [0.2,1.0)"]["extra_cpu"]
+    return (
+        f"{rel(extra)} CPU time (scale 4, window 0.2-1)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} from the unconditional model (unguided: {pct(u['accuracy'])})",
+        "digits",
+    )
+
+
+def h_tome(r):
+    d = r["digits_sd"]["configs"]
+    base, c = d[0], find(d, "name", "tome 0.5")
+    return (
+        f"{fx(c['cpu_speedup'])} (ratio 0.5)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits-sd",
+    )
+
+
+def h_quantize(r):
+    d = r["quantize_static"]["models"][0]["configs"]
+    base, c = find(d, "name", "fp32"), find(d, "name", "int8-static")
+    return (
+        f"{fx(c['cpu_speedup'])} (int8-static, x86 CPU)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (fp32: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def h_prune(r):
+    d = r["compress_digits"]["rows"]
+    base, c = d["original"], d["prune+recover10000"]
+    return (
+        f"{fx(c['cpu_speedup'])} at {c['params'] / base['params']:.0%} of the parameters (ratio 0.5, recovered)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (original: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def h_lowrank(r):
+    d = r["compress_digits"]["rows"]
+    base, c = d["original"], d["lowrank+recover1000"]
+    return (
+        f"{fx(c['cpu_speedup'])} (energy 0.9, recovered: slower at this size)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (original: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def _runtime(r, name):
+    return find(r["runtime"]["models"][0]["configs"], "name", name)
+
+
+def h_compile(r):
+    c = _runtime(r, "compile")
+    return (f"{fx(c['cpu_speedup'])}", f"PSNR {db(c['psnr'])}", "tiny-sd")
+
+
+def h_fuse(r):
+    c = _runtime(r, "fuse")
+    return (f"{fx(c['cpu_speedup'])}", f"{db(c['psnr'])} images", "tiny-sd")
+
+
+def h_attention(r):
+    c = _runtime(r, "attention-math")
+    return (
+        f"{fx(c['cpu_speedup'])} for `backend=math` (the SDPA default is the fast path)",
+        f"PSNR {db(c['psnr'])}",
+        "tiny-sd",
+    )
+
+
+def h_experts(r):
+    d = r["experts_digits"]["rows"]
+    base, c = d["full"], d["experts 0.75"]
+    return (
+        f"{fx(c['cpu_speedup'])} (pruned model on 75% of the steps)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (full: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits",
+    )
+
+
+def h_student(r):
+    d = r["distill_g2"]["configs"]
+    base, c = d[0], find(d, "name", "consistency 4")
+    return (
+        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (consistency, 4 steps)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits, guidance 2",
+    )
+
+
+def h_lcm_lora(r):
+    d = r["distill_g2"]["configs"]
+    base, c = d[0], find(d, "name", "LCM-LoRA 4")
+    return (
+        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (4 steps)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
+        "digits, guidance 2",
+    )
+
+
+def h_parallel_cfg(r):
+    c = r["parallel_cfg"]["digits"]
+    return (
+        f"{fx(c['speedup'])} on 2 processes (wall time)",
+        "identical images"
+        if not c["max_abs_difference"]
+        else f"max difference {c['max_abs_difference']:.1e}",
+        "digits",
+    )
+
+
+def h_parallel_async(r):
+    m = r["parallel_async_digits_overlap_seeds"]["digits"]
+    c = m["async warmup=2 extrapolate=1"]
+    return (
+        f"{fx(c['speedup'])} on 2 processes (wall time, `extrapolate=1`)",
+        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (1 process: {pct(m['single']['accuracy'])} / {m['single']['fd']:.2f})",
+        "digits",
+    )
+
+
+@dataclass(frozen=True)
+class Headline:
+    spec: str
+    what: str
+    guide: str
+    source: tuple[str, ...]
+    figure: Callable[[dict], tuple[str, str, str]] | None
+
+
+HEADLINES = [
+    Headline(
+        "scheduler(name, steps)",
+        "swaps in one of 17 sampler presets (diffusers schedulers)",
+        "samplers.md",
+        ("reference_shipped_g1",),
+        h_scheduler,
+    ),
+    Headline(
+        "schedule(path)",
+        "runs a sampler on timesteps tuned for one model by `fastdiff tune-schedule`",
+        "tuned-schedules.md",
+        ("schedules_digits",),
+        h_schedule,
+    ),
+    Headline(
+        "deepcache(interval, branch, schedule, warmup)",
+        "reuses a UNet's deep features between full steps",
+        "caching.md",
+        ("cache_digits",),
+        h_deepcache,
+    ),
+    Headline(
+        "blockcache(mode, threshold, interval, fit)",
+        "skips or reuses transformer blocks (first-block, FORA interval, TeaCache)",
+        "caching.md",
+        ("flow_caching",),
+        h_blockcache,
+    ),
+    Headline(
+        "forecast(order, interval, warmup)",
+        "skips denoiser calls, extrapolating the last outputs",
+        "caching.md",
+        ("flow_caching",),
+        h_forecast,
+    ),
+    Headline(
+        "promptcache(size)",
+        "LRU cache of text-encoder outputs across calls",
+        "caching.md",
+        ("digits_sd",),
+        h_promptcache,
+    ),
+    Headline(
+        "cfg-interval(start, end)",
+        "classifier-free guidance only inside a window of the trajectory",
+        "caching.md",
+        ("digits_sd",),
+        h_cfg_interval,
+    ),
+    Headline(
+        "classifier-guidance(path, scale, label, start, end, unconditional)",
+        "steers sampling with a noise-aware classifier's gradient",
+        "classifier-guidance.md",
+        ("classifier_guidance",),
+        h_classifier_guidance,
+    ),
+    Headline(
+        "tome(ratio, ...)",
+        "token merging in self-attention (UNets and DiTs)",
+        "compression.md",
+        ("digits_sd",),
+        h_tome,
+    ),
+    Headline(
+        "quantize(mode)",
+        "int8 / fp8 weights and activations through torchao",
+        "compression.md",
+        ("quantize_static",),
+        h_quantize,
+    ),
+    Headline(
+        "prune(ratio, importance)",
+        "channel pruning of UNets, FFN widths and heads of DiTs",
+        "compression.md",
+        ("compress_digits",),
+        h_prune,
+    ),
+    Headline("sparsity(pattern, amount)", "weight masks (unstructured or 2:4)", "compression.md", (), None),
+    Headline(
+        "lowrank(energy, rank, targets)",
+        "SVD factorization of linear and conv layers",
+        "compression.md",
+        ("compress_digits",),
+        h_lowrank,
+    ),
+    Headline("compile(mode)", "torch.compile of the denoiser", "compression.md", ("runtime",), h_compile),
+    Headline("fuse(channels_last)", "diffusers' QKV fusion", "compression.md", ("runtime",), h_fuse),
+    Headline(
+        "attention(backend)",
+        "attention processor: sdpa, math or xformers",
+        "compression.md",
+        ("runtime",),
+        h_attention,
+    ),
+    Headline(
+        "experts(models, boundaries)",
+        "a different denoiser per part of the trajectory",
+        "experts.md",
+        ("experts_digits",),
+        h_experts,
+    ),
+    Headline(
+        "student(path, steps)",
+        "a distilled few-step student on the teacher's pipeline",
+        "distillation.md",
+        ("distill_g2",),
+        h_student,
+    ),
+    Headline(
+        "lcm-lora(path, steps)",
+        "a consistency-distilled LoRA on the teacher",
+        "distillation.md",
+        ("distill_g2",),
+        h_lcm_lora,
+    ),
+    Headline(
+        "parallel(mode=cfg, devices)",
+        "the two guidance branches on two processes or GPUs",
+        "parallel.md",
+        ("parallel_cfg",),
+        h_parallel_cfg,
+    ),
+    Headline(
+        "parallel(mode=async, devices, ...)",
+        "the denoiser in stages on one-step-stale activations (AsyncDiff)",
+        "parallel.md",
+        ("parallel_async_digits_overlap_seeds",),
+        h_parallel_async,
+    ),
+]
+
+
+def accelerators_block(results: dict[str, Any], docs_prefix: str) -> str:
+    rows = []
+    for h in HEADLINES:
+        if h.figure and all(s in results for s in h.source):
+            speed, quality, model = h.figure(results)
+        else:
+            speed, quality, model = "not measured", "-", "-"
+        rows.append((h, speed, quality, model))
+    return table(
+        [
+            ("spec", lambda r: f"`{r[0].spec}`"),
+            ("what it does", lambda r: r[0].what),
+            ("measured", lambda r: r[1]),
+            ("quality (accuracy / FD, or PSNR)", lambda r: r[2]),
+            ("model", lambda r: r[3]),
+            ("guide", lambda r: f"[{r[0].guide.removesuffix('.md')}]({docs_prefix}{r[0].guide})"),
+        ],
+        rows,
+    )

@@ -1,0 +1,166 @@
+"""Distillation and autotuning: renderers and sections."""
+
+from __future__ import annotations
+
+from .format import code, fx, num, pct, r_bench, sec, table
+from .section import GROUPS, Section
+
+
+def r_distill(d: dict) -> str:
+    images = d.get("settings", {}).get("batch") or 100
+    return table(
+        [
+            ("config", lambda c: c["name"]),
+            ("NFE", lambda c: c.get("denoiser_calls")),
+            ("accuracy", lambda c: pct(c.get("accuracy"))),
+            ("FD", lambda c: num(c.get("fd"))),
+            ("FD floor", lambda c: num(c.get("fd_floor"))),
+            ("CPU s / 100 images", lambda c: sec(c["cpu_seconds_median"] * 100 / images)),
+            ("CPU speedup vs teacher DDIM 50", lambda c: fx(c.get("cpu_speedup"), 1)),
+        ],
+        d["configs"],
+    )
+
+
+def r_distill_training(d: dict) -> str:
+    return table(
+        [
+            ("student", lambda kv: kv[0]),
+            ("kind", lambda kv: kv[1]["command"].get("command")),
+            ("LoRA rank", lambda kv: kv[1]["command"].get("lora")),
+            ("training steps", lambda kv: kv[1].get("train_steps")),
+            ("batch", lambda kv: kv[1]["command"].get("batch")),
+            ("wall time", lambda kv: f"{kv[1]['wall_seconds'] / 60:.1f} min"),
+            ("peak memory", lambda kv: f"{kv[1]['peak_memory_mib']:.0f} MiB"),
+            (
+                "trained parameters",
+                lambda kv: f"{kv[1]['trainable_parameters']:,} of {kv[1]['parameters']:,}",
+            ),
+            ("device", lambda kv: ", ".join(kv[1].get("device", []))),
+        ],
+        list(d.items()),
+    )
+
+
+def r_tune_summary(d: dict) -> str:
+    out = table(
+        [
+            ("budget", lambda kv: f"`{kv[0]}`"),
+            ("setting found", lambda kv: code(kv[1]["best_spec"])),
+            (
+                "accuracy / FD",
+                lambda kv: f"{pct(kv[1]['side_by_side']['accuracy'])} / {kv[1]['side_by_side']['fd']:.2f}",
+            ),
+            (
+                "CPU speedup vs dpm++2m 20",
+                lambda kv: fx(kv[1]["side_by_side"]["speedup_cpu_vs_dpm++2m_20"], 1),
+            ),
+            ("vs DDIM 50", lambda kv: fx(kv[1]["side_by_side"]["speedup_cpu_vs_ddim_50"], 1)),
+            (
+                "search time",
+                lambda kv: (
+                    f"{kv[1]['search']['search_seconds']:.0f} s ({kv[1]['search']['measurements']} measurements, {kv[1]['search']['cache_hits']} cached)"
+                ),
+            ),
+        ],
+        list(d["results"].items()),
+    )
+    st = d.get("students")
+    if st:
+        out += (
+            "\n\nWith the distilled students in the space (`"
+            + st.get("command", "").split("--budget")[0].strip()
+            + " ...`), within budget:\n\n"
+        )
+        out += table(
+            [
+                ("spec", lambda r: code(r["spec"])),
+                ("CPU speedup vs DDIM 50", lambda r: fx(r["speedup_cpu_vs_ddim_50"], 1)),
+                ("accuracy", lambda r: pct(r["accuracy"])),
+                ("FD", lambda r: num(r["fd"])),
+            ],
+            st["within_budget"],
+        )
+    return out
+
+
+def r_tune_run(d: dict) -> str:
+    base = d.get("baseline", {})
+    out = (
+        f"Budgets {', '.join(f'`{b}`' for b in d.get('budgets', []))} against {code(base.get('spec'))}"
+        f" ({pct(base.get('accuracy'))}, FD {num(base.get('fd'))}); strategy {d.get('strategy')}, rungs {d.get('rungs')};"
+        f" {d.get('counts', {}).get('candidates')} candidates, {d.get('counts', {}).get('measurements')} measurements,"
+        f" {d.get('counts', {}).get('cache_hits')} cache hits; search {d.get('search_seconds', 0):.0f} s; complete: {d.get('complete')}.\n\n"
+        "Pareto frontier of the full measurements (fastest first):\n\n"
+    )
+    return out + table(
+        [
+            ("spec", lambda r: code(r["spec"])),
+            ("speedup (in search)", lambda r: fx(r.get("speedup"), 1)),
+            ("accuracy", lambda r: pct(r.get("accuracy"))),
+            ("FD", lambda r: num(r.get("fd"))),
+            ("NFE", lambda r: r.get("denoiser_calls")),
+            ("within budget", lambda r: "yes" if r.get("within_budget") else "no"),
+        ],
+        d.get("frontier", []),
+    )
+
+
+SECTIONS: dict[str, Section] = {
+    "distill_g2": Section(
+        GROUPS[4],
+        "Distilled students, guidance 2",
+        "`benchmarks/distill_bench.sh`",
+        "Progressive, consistency and LCM-LoRA students of the digits reference against the teacher, guidance baked in.",
+        r_distill,
+    ),
+    "distill_g1": Section(
+        GROUPS[4],
+        "Distilled students, guidance 1",
+        "`benchmarks/distill_bench.sh`",
+        "The same students trained and sampled without guidance.",
+        r_distill,
+    ),
+    "distill_training": Section(
+        GROUPS[4],
+        "Student training",
+        "`benchmarks/train_students.sh`",
+        "Training steps, time and memory of each student on the CPU.",
+        r_distill_training,
+    ),
+    "tune_digits": Section(
+        GROUPS[5],
+        "fastdiff tune on the digits reference",
+        "`fastdiff tune`",
+        "The fastest setting within each quality budget, re-timed side by side with the baseline and DDIM 50.",
+        r_tune_summary,
+    ),
+    "tune_digits_accuracy": Section(
+        GROUPS[5],
+        "Tuner run: accuracy budget",
+        "`fastdiff tune`",
+        "Every measurement of the search under `accuracy>=-1 point`.",
+        r_tune_run,
+    ),
+    "tune_digits_fd": Section(
+        GROUPS[5],
+        "Tuner run: FD budget",
+        "`fastdiff tune`",
+        "Every measurement of the search under `fd<=1.2x`.",
+        r_tune_run,
+    ),
+    "tune_digits_students": Section(
+        GROUPS[5],
+        "Tuner run: distilled students",
+        "`fastdiff tune`",
+        "The tuner over the distilled students against DDIM 50.",
+        r_tune_run,
+    ),
+    "tune_digits_side_by_side": Section(
+        GROUPS[5],
+        "Tuner answers side by side",
+        "`fastdiff bench`",
+        "The baseline, DDIM 50 and both answers in one `fastdiff bench` run (the first row only absorbs first-call costs).",
+        r_bench,
+    ),
+}

@@ -1,0 +1,156 @@
+"""Flow-matching models: renderers and sections."""
+
+from __future__ import annotations
+
+from .format import code, db, fx, num, pct, rel, sec, table
+from .renderers_parallel import r_parallel_cfg
+from .section import GROUPS, Section
+
+
+def r_flow_caching(d: dict) -> str:
+    return table(
+        [
+            ("config", lambda r: r["name"]),
+            ("setting", lambda r: code(r.get("setting"))),
+            ("CPU s", lambda r: sec(r.get("cpu_median"))),
+            ("speedup", lambda r: fx(r.get("speedup"))),
+            ("computed steps", lambda r: num(r.get("computed"), 3)),
+            ("accuracy", lambda r: pct(r.get("accuracy"))),
+            ("FD", lambda r: num(r.get("fd"))),
+            ("PSNR vs base", lambda r: db(r.get("psnr"))),
+        ],
+        d["rows"],
+    ) + (
+        f"\n\n{d.get('images')} images, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
+        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches (TaylorSeer, MagCache)."
+    )
+
+
+def r_flow_families(d: dict) -> str:
+    fams = d["families"]
+    names = [r["config"] for r in next(iter(fams.values()))]
+
+    def cell(fam, name):
+        row = next((r for r in fams[fam] if r["config"] == name), None)
+        if row is None:
+            return None
+        if row.get("refused"):
+            return "refused"
+        if name == names[0]:
+            return f"{row['cpu_median']:.2f} s"
+        return f"{row['speedup']:.2f}x, {db(row.get('psnr')) or '-'}"
+
+    return (
+        table(
+            [
+                ("config", lambda n: n),
+                (
+                    "specs",
+                    lambda n: code(
+                        next(r for r in next(iter(fams.values())) if r["config"] == n).get("spec")
+                    ),
+                ),
+            ]
+            + [(fam, lambda n, fam=fam: cell(fam, n)) for fam in fams],
+            names,
+        )
+        + f"\n\n{d.get('size')} size, {d.get('steps')} steps, CPU seconds of one call; PSNR against the plain call (random weights)."
+    )
+
+
+def r_digits_flow_build(d: dict) -> str:
+    t = d.get("training", {})
+    rows = table(
+        [
+            ("guidance", lambda r: r.get("guidance")),
+            ("steps", lambda r: r.get("steps")),
+            ("images", lambda r: r.get("images")),
+            ("accuracy", lambda r: pct(r.get("accuracy"))),
+            ("FD", lambda r: num(r.get("fd"))),
+            ("FD floor", lambda r: num(r.get("fd_floor"))),
+            ("s / call", lambda r: sec(r.get("seconds"))),
+        ],
+        d["rows"],
+    )
+    target = d.get("target", {})
+    return rows + (
+        f"\n\nTraining: {t.get('steps')} steps in {t.get('seconds', 0) / 60:.0f} min, loss {t.get('loss_first', 0):.2f} ->"
+        f" {t.get('loss_last', 0):.2f}. Target: accuracy >= {pct(target.get('accuracy_min'), 0)} and FD <= {target.get('fd_max')};"
+        f" met: {', '.join(f'guidance {k}: {v}' for k, v in target.get('met', {}).items())}."
+    )
+
+
+def r_teacache_fit(d: dict) -> str:
+    return (
+        f"Model {code(d.get('model'))}: polynomial coefficients {', '.join(f'{c:.4g}' for c in d.get('coefficients', []))}"
+        f" fitted on {d.get('points')} points, RMS error {num(d.get('rms_error'), 4)}."
+    )
+
+
+def r_tune_flow(d: dict) -> str:
+    samplers = list(d["rows"][0]["tuned"]) if d.get("rows") else []
+    return (
+        table(
+            [
+                ("NFE", lambda r: r["nfe"]),
+                (
+                    "best standard (which)",
+                    lambda r: f"{r['best']['standard'][1]:.3f} ({r['best']['standard'][0]})",
+                ),
+                (
+                    "best grid standard (which)",
+                    lambda r: f"{r['best']['grid_standard'][1]:.3f} ({r['best']['grid_standard'][0]})",
+                ),
+            ]
+            + [(f"tuned {s}", lambda r, s=s: num(r["tuned"][s]["ode_error"], 3)) for s in samplers]
+            + [("best tuned vs best standard", lambda r: rel(r.get("tuned_vs_best_standard")))],
+            d["rows"],
+        )
+        + f"\n\nModel: {d.get('model')}; metric: {d.get('metric')}."
+    )
+
+
+SECTIONS: dict[str, Section] = {
+    "flow_caching": Section(
+        GROUPS[6],
+        "Caching on digits-flow vs diffusers' caches",
+        "`benchmarks/flow_caching.py`",
+        "forecast and blockcache on a trained SD3-shaped model against diffusers' TaylorSeer and MagCache.",
+        r_flow_caching,
+    ),
+    "flow_families": Section(
+        GROUPS[6],
+        "Accelerators on the tiny flow families",
+        "`benchmarks/flow_families.py`",
+        "Every flow family's accelerators on bench-size random-weight builds: speed, and what is refused.",
+        r_flow_families,
+    ),
+    "digits_flow_build": Section(
+        GROUPS[6],
+        "The digits-flow build",
+        "`python -m fastdiff.zoo.reference_flow build / eval`",
+        "The SD3-shaped digits reference: training and its accuracy and FD.",
+        r_digits_flow_build,
+    ),
+    "digits_flow_teacache_fit": Section(
+        GROUPS[6],
+        "TeaCache fit on digits-flow",
+        "`fastdiff fit-teacache`",
+        "The fitted output-change polynomial of `blockcache(mode=teacache)`.",
+        r_teacache_fit,
+    ),
+    "tune_flow_schedules": Section(
+        GROUPS[6],
+        "Tuned flow schedules on gmm-flow",
+        "`benchmarks/tune_flow_schedules.py`",
+        "`ode_error` of tuned flow schedules against the standard flow spacings.",
+        r_tune_flow,
+    ),
+    "parallel_cfg_digits_flow": Section(
+        GROUPS[6],
+        "parallel(mode=cfg) on digits-flow",
+        "`benchmarks/parallel_cfg.py`",
+        "The two guidance branches on two processes, flow Euler 28.",
+        r_parallel_cfg,
+    ),
+}
