@@ -182,7 +182,7 @@ def test_cli_command_writes_the_schedule(tmp_path, capsys):
 
 
 def test_cli_refuses_untunable_samplers_with_the_reason_before_loading(tmp_path):
-    # every sampler issue 10 names is either tuned (test above: unipc; tests of tune: dpm++2m, euler, deis)
+    # every sampler tune-schedule may be asked for is either tuned (test above: unipc; tests of tune: dpm++2m, euler, deis)
     # or refused with why; the model path need not exist, the refusal comes first
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
