@@ -211,3 +211,17 @@ def test_guidance_to_a_model_that_ignores_it_is_refused():
     dev = FastPipeline(make_flow_pipeline("tiny-flux"))
     assert dev.denoiser.config.guidance_embeds
     assert np.isfinite(dev(**call, guidance_scale=7.0).images).all()
+
+
+def test_one_step_on_a_terminal_shift_scheduler_is_refused():
+    """Qwen-Image's scheduler stretches its sigmas to shift_terminal: with one sigma diffusers divides 0 by 0 and
+    the images are NaN; fastdiff refuses the step count before any model work. Two steps are fine."""
+    from fastdiff import FastPipeline
+    from fastdiff.core.calls import CallArgumentError
+
+    fp = FastPipeline(make_flow_pipeline("tiny-qwen-image"))
+    assert fp.pipe.scheduler.config.shift_terminal
+    call = dict(prompt=PROMPT, output_type="np", height=32, width=32)
+    with pytest.raises(CallArgumentError, match="at least 2.*shift_terminal"):
+        fp(**call, num_inference_steps=1)
+    assert np.isfinite(fp(**call, num_inference_steps=2).images).all()

@@ -65,6 +65,11 @@ def check_steps(scheduler, steps, limits=()) -> None:
     """``steps`` against the scheduler's own range and every accelerator's ``StepLimit``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise CallArgumentError("num_inference_steps", steps, "a positive integer")
+    if steps < 2 and scheduler.config.get("shift_terminal"):
+        raise CallArgumentError(
+            "num_inference_steps", steps, f"at least 2 with this {type(scheduler).__name__}: stretching one "
+            f"sigma to shift_terminal={scheduler.config.get('shift_terminal')} divides by zero (NaN images)",
+        )  # fmt: skip
     for step_limit in limits:
         if (problem := step_limit.problem(steps)) is not None:
             raise CallArgumentError("num_inference_steps", steps, problem)
