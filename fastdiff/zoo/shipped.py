@@ -1,4 +1,4 @@
-"""The reference models shipped with the package (digits, digits-sd), checked by sha256 before every use.
+"""The reference models shipped with the package (digits, digits-sd, digits-flow), checked by sha256 before every use.
 
 ``fastdiff/zoo/data/digits/`` holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
 (the pipeline with its fp32 safetensors weights, the evaluation classifier, the train/test split, the build's
@@ -84,11 +84,18 @@ SHIPPED_SD: dict[str, tuple[int, str]] = {
 }
 
 
+DATA_DIR_FLOW = DATA_DIR.parent / "digits-flow"
+BUILD_COMMAND_FLOW = "python -m fastdiff.zoo.reference_flow build DIR --steps 18000 --threads 1"
+# digits-flow (fastdiff/zoo/reference_flow.py), scored with the digits reference's classifier and split too
+SHIPPED_FLOW: dict[str, tuple[int, str]] = {}
+
+
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
     """name -> (data folder, its table, the command that rebuilds it)."""
     return {
         "digits": (DATA_DIR, SHIPPED, BUILD_COMMAND),
         "digits-sd": (DATA_DIR_SD, SHIPPED_SD, BUILD_COMMAND_SD),
+        "digits-flow": (DATA_DIR_FLOW, SHIPPED_FLOW, BUILD_COMMAND_FLOW),
     }
 
 
@@ -183,6 +190,7 @@ def verify_digits(directory: str | Path) -> Path:
 
 
 SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
+SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow")  # models installed with SD_EVAL_FILES
 
 
 def is_installed(directory: str | Path, model: str = "digits") -> bool:
@@ -195,7 +203,7 @@ def is_installed(directory: str | Path, model: str = "digits") -> bool:
     """
     try:
         verify(directory, model)
-        if model == "digits-sd":
+        if model in SCORED_LIKE_DIGITS:
             for name in SD_EVAL_FILES:
                 check_file(Path(directory) / name, name, "digits")
     except ShippedModelError:
@@ -220,7 +228,7 @@ def install(out_dir: str | Path, model: str = "digits", source: str | Path | Non
         raise ShippedModelError(f"this fastdiff has no shipped {model} model; {_hint(model)}")
     verify(source, model)
     copies = [(source / name, name, model) for name in table]
-    if model == "digits-sd":
+    if model in SCORED_LIKE_DIGITS:
         verify_digits(DATA_DIR)
         copies += [(DATA_DIR / name, name, "digits") for name in SD_EVAL_FILES]
     for origin, name, owner in copies:
@@ -259,7 +267,8 @@ def ensure_digits(directory: str | Path) -> Path:
 
 
 __all__ = [
-    "DATA_DIR", "DATA_DIR_SD", "BUILD_COMMAND", "BUILD_COMMAND_SD", "SHIPPED", "SHIPPED_SD", "ShippedModelError",
+    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "BUILD_COMMAND", "BUILD_COMMAND_SD", "BUILD_COMMAND_FLOW",
+    "SHIPPED", "SHIPPED_SD", "SHIPPED_FLOW", "ShippedModelError",
     "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
     "install", "install_digits", "ensure_digits",
 ]  # fmt: skip
