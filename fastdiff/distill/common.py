@@ -38,8 +38,10 @@ class DistillError(ValueError):
     """Bad distillation input (teacher, step counts, output directory); nothing was written."""
 
 
-def load_teacher(path):
-    """FastPipeline of a pipeline directory whose denoiser is a UNet2DModel or UNet2DConditionModel."""
+def load_teacher(path, allow_flow: bool = False):
+    """FastPipeline of a pipeline directory whose denoiser is a UNet2DModel or UNet2DConditionModel (with
+    ``allow_flow``, also any flow-matching model fastdiff has facts for)."""
+    from fastdiff.core.models import denoiser_facts, model_prediction, pipeline_facts
     from fastdiff.core.pipeline import FastPipeline
 
     path = Path(path)
@@ -49,11 +51,19 @@ def load_teacher(path):
         )
     fp = FastPipeline.from_pretrained(path)
     name = type(fp.denoiser).__name__
-    if name not in SUPPORTED:
+    if model_prediction(fp.pipe.scheduler) == "flow":
+        if not allow_flow:
+            raise DistillError(f"teacher {str(path)!r} is a flow-matching model ({name}); this distillation "
+                               "needs a noise-prediction UNet: use `fastdiff distill progressive`")  # fmt: skip
+        (
+            pipeline_facts(fp.pipe),
+            denoiser_facts(fp.denoiser, "progressive distillation"),
+        )  # refuse unknown models
+    elif name not in SUPPORTED:
         raise DistillError(
             f"teacher {str(path)!r} has a {name}; distillation needs a {' or '.join(SUPPORTED)}"
         )
-    if not hasattr(fp.pipe.scheduler, "alphas_cumprod"):
+    elif not hasattr(fp.pipe.scheduler, "alphas_cumprod"):
         raise DistillError(
             f"teacher's scheduler {type(fp.pipe.scheduler).__name__} has no DDPM noise schedule"
         )

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from fastdiff.core.models import model_prediction
 from fastdiff.distill.common import (
     Batches,
     DistillError,
@@ -45,6 +46,7 @@ from fastdiff.distill.common import (
     to_eps_x0,
     trailing_grid,
 )
+from fastdiff.distill.flow import FlowBatches, check_flow_teacher, flow_grid, flow_round_loss
 from fastdiff.train.inputs import denoiser_output, to_device
 from fastdiff.train.loop import train
 
@@ -83,8 +85,12 @@ def progressive(
     accumulate: int = 1,
     gradient_checkpointing: bool = False,
     progress: bool = True,
+    pool: int = 256,
 ) -> dict:
-    """Distill ``teacher_dir`` (sampled with DDIM ``start`` steps) into students of start/2 ... ``end`` steps."""
+    """Distill ``teacher_dir`` (sampled with DDIM ``start`` steps) into students of start/2 ... ``end`` steps.
+
+    A flow-matching teacher (``fastdiff.distill.flow``) is distilled on its own flow Euler grid from ``pool``
+    samples of its own; students keep its scheduler and predict velocity."""
     check_steps(start, end)
     if steps_per_round < 1 or batch < 1:
         raise DistillError(f"need --steps-per-round >= 1 and --batch >= 1, got {steps_per_round}, {batch}")
@@ -92,16 +98,27 @@ def progressive(
     command = {"command": "progressive", "teacher": str(Path(teacher_dir).resolve()), "from": start,
                "to": end, "steps_per_round": steps_per_round, "batch": batch, "lr": lr, "guidance": guidance,
                "seed": seed, "accumulate": accumulate}  # fmt: skip
+    if pool < batch:
+        raise DistillError(f"--pool ({pool}) must hold at least one batch ({batch})")
+    fp = load_teacher(teacher_dir, allow_flow=True)
+    flow = model_prediction(fp.pipe.scheduler) == "flow"
+    if flow:
+        command["pool"] = pool
     check_out(out, command, resume)
-    fp = load_teacher(teacher_dir)
     scale = float(guidance if guidance is not None else 1.0)
     if scale < 1:
         raise DistillError(f"--guidance must be >= 1, got {scale}")
+    if flow:
+        check_flow_teacher(fp)
     start_run(out, command)
     config = fp.pipe.scheduler.config
-    batches = Batches(fp, teacher_dir, batch, seed)
-    a_all, total = alphas(config), config.num_train_timesteps
-    teacher, kind, uncond_on = fp.denoiser.eval(), config.prediction_type, scale > 1
+    if flow:
+        batches = FlowBatches(fp, batch, pool, scale, 2 * start, seed)
+        a_all, total = None, config.num_train_timesteps
+    else:
+        batches = Batches(fp, teacher_dir, batch, seed)
+        a_all, total = alphas(config), config.num_train_timesteps
+    teacher, kind, uncond_on = fp.denoiser.eval(), model_prediction(fp.pipe.scheduler), scale > 1
     rounds, n = {}, start // 2
     while n >= end:
         round_dir = out / f"steps-{n}"
@@ -109,20 +126,30 @@ def progressive(
             student = type(teacher).from_pretrained(round_dir, subfolder=fp.denoiser_name).eval()
         else:
             student = fresh_copy(teacher).requires_grad_(True)
-            loss_fn = _round_loss(batches, teacher, kind, uncond_on, scale, a_all, total, n)
+            if flow:
+                grid = flow_grid(fp.pipe.scheduler, n)
+                loss_fn = flow_round_loss(batches, teacher, scale if uncond_on else 1.0, grid, total)
+            else:
+                loss_fn = _round_loss(batches, teacher, kind, uncond_on, scale, a_all, total, n)
             work = out / f"train-steps-{n}"
             report = train(student, loss_fn, steps_per_round, lr=lr, out_dir=work, save_every=save_every,
                            seed=seed + n, accumulate=accumulate, frozen=(teacher,), progress=progress,
                            gradient_checkpointing=gradient_checkpointing, schedule="constant",
                            desc=f"progressive {2 * n}->{n}")  # fmt: skip
+            sampler = "flow-euler" if flow else "ddim"
             info = {"method": "progressive", "steps": n, "teacher_steps": 2 * n,
-                    "load_accelerators": f"scheduler(name=ddim,steps={n})", "guidance_baked_in": scale,
+                    "load_accelerators": f"scheduler(name={sampler},steps={n})", "guidance_baked_in": scale,
                     "sample_with": {"num_inference_steps": n, "guidance_scale": 1.0}, "train": report}  # fmt: skip
-            save_pipeline(fp, student.cpu(), student_scheduler(config), round_dir, info, teacher_dir)
+            scheduler = type(fp.pipe.scheduler).from_config(config) if flow else student_scheduler(config)
+            save_pipeline(fp, student.cpu(), scheduler, round_dir, info, teacher_dir)
             shutil.move(str(work / "loss.csv"), str(round_dir / "loss.csv"))
             shutil.rmtree(work)
             rounds[n] = report
-        teacher, kind, uncond_on = student.eval().requires_grad_(False), "v_prediction", False
+        teacher, kind, uncond_on = (
+            student.eval().requires_grad_(False),
+            "flow" if flow else "v_prediction",
+            False,
+        )
         n //= 2
     finish_run(out, {"rounds": rounds})
     return {"out": str(out), "rounds": rounds}

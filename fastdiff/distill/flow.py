@@ -1,0 +1,130 @@
+"""Progressive distillation of a flow-matching model (rectified flow; SD3, Flux-shaped transformers).
+
+The same halving as ``progressive`` for epsilon/v models, in the flow model's own terms: on the sigma grid
+the model's flow Euler sampler uses for N steps (``scheduler.set_timesteps(N)``, its shift included), a
+student step ``sigma_j -> sigma_j+1`` is trained to land where two teacher Euler steps land (through the
+midpoint sigma), so its target velocity is the mean of the teacher's two: ``(v(z, s_j) + v(z_m, s_m)) / 2``.
+The loss is the MSE of the velocity (the student predicts velocity, like its teacher; no change of
+parameterisation). With guidance > 1 the first teacher is guided and the students bake it in.
+
+Training samples are the teacher's own: ``pool`` images generated once at ``2 * start`` steps from the bench
+prompts (``make_inputs``), each kept with its prompt's conditioning, so every noised sample ``(1 - s) x0 + s
+noise`` is paired with the prompt that made it; no training data is needed.
+
+Example::
+
+    from fastdiff.distill.progressive import progressive
+    from fastdiff.zoo import build
+
+    teacher = build("digits-flow", "/tmp/digits-flow", size="test")
+    progressive(teacher, "/tmp/flow-prog", start=8, end=4, steps_per_round=5, batch=4, pool=8)
+    # fastdiff.distill.common.load_student("/tmp/flow-prog/steps-4")(prompt="a seven", output_type="np")
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from fastdiff.distill.common import DistillError
+from fastdiff.train.inputs import capture_inputs, denoiser_output, sample_key, split_branches, to_device
+
+
+def check_flow_teacher(fp) -> None:
+    """DistillError for a flow model whose sigmas this distillation cannot reproduce (dynamic shifting)."""
+    config = fp.pipe.scheduler.config
+    if config.get("use_dynamic_shifting"):
+        raise DistillError(
+            f"the teacher's {type(fp.pipe.scheduler).__name__} shifts its sigmas by image size "
+            "(use_dynamic_shifting=True: Flux, Qwen-Image); progressive distillation needs a fixed grid"
+        )
+
+
+def flow_grid(scheduler, steps: int) -> torch.Tensor:
+    """The sigmas (``steps + 1``, ending at 0) the scheduler's own ``set_timesteps(steps)`` samples on."""
+    trial = copy.deepcopy(scheduler)
+    trial.set_timesteps(steps)
+    return torch.as_tensor(trial.sigmas, dtype=torch.float32).flatten()
+
+
+class FlowBatches:
+    """Training batches of teacher samples with their own prompts' conditioning.
+
+    ``batch(g)`` returns (x0, cond, uncond) like ``distill.common.Batches``: x0 in the denoiser's latent
+    space, ``cond``/``uncond`` the denoiser's other inputs per branch (``uncond`` None without guidance).
+    """
+
+    def __init__(self, fp, batch: int, pool: int, guidance: float, steps: int, seed: int = 0):
+        from fastdiff.core.inputs import make_inputs
+        from fastdiff.core.models import pipeline_facts
+
+        layout = pipeline_facts(fp.pipe).cfg_layout
+        self.size, self.key = batch, None
+        captured = capture_inputs(fp, batch=pool, seed=seed, guidance=2.0 if layout else None)
+        self.key = sample_key(captured)
+        if layout and captured[self.key].shape[0] == 2 * pool:
+            branches = split_branches(captured, layout)
+            self.cond, self.uncond = branches["cond"], branches["uncond"]
+        else:
+            self.cond, self.uncond = captured, None
+        for part in (self.cond, self.uncond or {}):
+            part.pop(self.key, None)
+            part.pop("timestep", None)
+        kwargs = make_inputs(fp.pipe, pool, guidance if layout else None)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.x0 = fp(
+                **kwargs, num_inference_steps=steps, output_type="latent", generator=generator
+            ).images
+        if self.x0.shape[0] != pool or not torch.isfinite(self.x0).all():
+            raise DistillError(
+                f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite"
+            )
+
+    def batch(self, g: torch.Generator):
+        idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)
+        pick = lambda part: part and _rows(part, idx, self.x0.shape[0])  # noqa: E731
+        return self.x0[idx], pick(self.cond), pick(self.uncond)
+
+
+def _rows(value, idx, pool: int):
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == pool:
+        return value[idx]
+    if isinstance(value, dict):
+        return {k: _rows(v, idx, pool) for k, v in value.items()}
+    return value
+
+
+def guided_velocity(model, key: str, z, t, cond, uncond, scale: float):
+    """The (classifier-free guided, ``scale`` > 1) velocity of ``model`` at noisy ``z`` and timestep ``t``."""
+    v = denoiser_output(model, {key: z, "timestep": t, **cond})
+    if uncond is None or scale == 1:
+        return v
+    v_uncond = denoiser_output(model, {key: z, "timestep": t, **uncond})
+    return v_uncond + scale * (v - v_uncond)
+
+
+def flow_round_loss(batches: FlowBatches, teacher, scale: float, grid: torch.Tensor, train_steps: int):
+    """Loss of one round: a student step on ``grid`` against two teacher Euler steps through the midpoint."""
+    n = grid.numel() - 1
+
+    def loss_fn(student, g, device):
+        x0, cond, uncond = batches.batch(g)
+        j = torch.randint(0, n, (x0.shape[0],), generator=g)
+        noise = torch.randn(x0.shape, generator=g)
+        shape = (-1,) + (1,) * (x0.dim() - 1)
+        s, e = grid[j].to(device), grid[j + 1].to(device)
+        m = (s + e) / 2
+        x0, noise = x0.to(device), noise.to(device)
+        cond, uncond = to_device(cond, device), to_device(uncond, device) if uncond is not None else None
+        z = (1 - s.view(shape)) * x0 + s.view(shape) * noise
+        with torch.no_grad():
+            v1 = guided_velocity(teacher, batches.key, z, s * train_steps, cond, uncond, scale)
+            z_mid = z + (m - s).view(shape) * v1
+            v2 = guided_velocity(teacher, batches.key, z_mid, m * train_steps, cond, uncond, scale)
+            target = (v1 + v2) / 2  # (z_end - z) / (e - s) with z_end = z_mid + (e - m) v2
+        v = denoiser_output(student, {batches.key: z, "timestep": s * train_steps, **cond})
+        return ((v - target) ** 2).mean()
+
+    return loss_fn
