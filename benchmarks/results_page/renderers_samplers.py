@@ -114,14 +114,14 @@ SECTIONS: dict[str, Section] = {
     ),
     "reference_g1": Section(
         GROUPS[0],
-        "Digits reference samplers, guidance 1 (earlier build)",
+        "Digits reference samplers, guidance 1 (another build)",
         "`fastdiff bench`, tabulated by `benchmarks/reference_report.py`",
-        "The yardstick's sampler rows on an earlier 3000-step build of the digits reference.",
+        "The yardstick's sampler rows on another 3000-step build of the digits reference (not the shipped files).",
         r_reference,
     ),
     "reference_g2": Section(
         GROUPS[0],
-        "Digits reference samplers, guidance 2 (earlier build)",
+        "Digits reference samplers, guidance 2 (another build)",
         "`fastdiff bench`, tabulated by `benchmarks/reference_report.py`",
         "The yardstick's sampler rows at guidance 2.",
         r_reference,
