@@ -40,9 +40,11 @@ from typing import Literal
 import torch
 from torch import nn
 
+from fastdiff.compress.common import count_params_macs, refuse_hooked_blocks, sized_handle
 from fastdiff.core.hooks import Handle
 from fastdiff.core.models import denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.train.inputs import capture_inputs
 
 TARGETS = {
     "linear": ("linear",),
@@ -51,23 +53,6 @@ TARGETS = {
     "linear+conv1x1": ("linear", "conv1x1"),
     "all": ("linear", "conv1x1", "conv3x3"),
 }
-
-
-def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
-    """(parameters, multiply-accumulates of one call on ``inputs``) counted by torch's FlopCounterMode."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    params = sum(p.numel() for p in module.parameters())
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        type(module).forward(module, **inputs)  # the class forward: the wrapper's hooks must not count it
-    return params, counter.get_total_flops() // 2
-
-
-def sized_handle(restore, module: nn.Module, inputs: dict, before: tuple[int, int], **info) -> Handle:
-    """A Handle that reports ``params_before/after`` and ``macs_before/after`` (``before``: counted earlier)."""
-    params, macs = count_params_macs(module, inputs)
-    return Handle(restore, params_before=before[0], params_after=params, macs_before=before[1], macs_after=macs,
-                  **info)  # fmt: skip
 
 
 def layer_kind(m: nn.Module) -> str | None:
@@ -160,9 +145,6 @@ class LowRank(Accelerator):
             )
 
     def apply(self, fp) -> Handle:
-        from fastdiff.compress.prune import refuse_hooked_blocks
-        from fastdiff.compress.recover import capture_inputs
-
         den = fp.denoiser
         denoiser_facts(den, "lowrank")
         refuse_hooked_blocks(den, "lowrank")

@@ -42,7 +42,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import logging
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -50,10 +49,18 @@ from typing import Literal
 import torch
 from torch import nn
 
+from fastdiff.compress.common import (
+    config_mismatch,
+    count_params_macs,
+    refuse_hooked_blocks,
+    sized_handle,
+    taylor_gradients,
+)
 from fastdiff.compress.prune_dit import prune_transformer, transformer_blocks
 from fastdiff.core.hooks import Handle
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.train.inputs import capture_inputs
 
 SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 # Modules whose output width must not change (time/condition embedding width, output image channels).
@@ -94,9 +101,6 @@ class Prune(Accelerator):
             )
 
     def apply(self, fp) -> Handle:
-        from fastdiff.compress.lowrank import count_params_macs, sized_handle
-        from fastdiff.compress.recover import capture_inputs
-
         den = fp.denoiser
         check_prunable(den, "prune")
         if den._parameters or den._buffers:
@@ -157,17 +161,6 @@ RESIDUAL_INPUTS = (
 )  # fmt: skip
 
 
-def refuse_hooked_blocks(den, accelerator: str) -> None:
-    """AcceleratorError if another accelerator hooks the denoiser's submodules (they would be replaced)."""
-    for name, m in den.named_modules():
-        registry = getattr(m, "_diffusers_hook", None)
-        if m is not den and registry is not None and registry.hooks:
-            raise AcceleratorError(
-                f"{accelerator}: {name} is hooked by {', '.join(registry.hooks)}; apply {accelerator} first "
-                "(in the same accelerate call, or before the others)"
-            )
-
-
 def _forward(model, inputs):
     # The class forward, not the instance's: skips the wrapper's hooks (step counting) while tracing.
     return type(model).forward(model, **inputs, return_dict=False)[0]
@@ -220,7 +213,7 @@ def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
             for m in [m for m in table if isinstance(m, nn.GroupNorm)]:
                 del table[m]
     if cfg.importance == "taylor":
-        _taylor_gradients(den, fp, inputs)
+        taylor_gradients(den, fp, inputs)
     pruner.step()
     return _fix_up(den, attns, head_dims, whole_heads, norms, whole_groups, old_c0, temb_dim)
 
@@ -303,47 +296,12 @@ class _GroupMean:
         return imp
 
 
-def _taylor_gradients(den, fp, inputs: dict, batches: int = 4) -> None:
-    """Accumulate denoising-loss gradients (noised random samples, the pipeline's own conditioning)."""
-    from fastdiff.compress.recover import noised_inputs
-
-    den.zero_grad(set_to_none=True)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(batches):
-        noisy, target = noised_inputs(fp.pipe.scheduler.config, inputs, generator=generator)
-        out = _forward(den, noisy)[:, : target.shape[1]]
-        (nn.functional.mse_loss(out, target) / batches).backward()
-
-
 def set_config(module, values: dict) -> None:
     """Update a diffusers model's config (also where from_config would fall back to a default)."""
     defaults = module.config.get("_use_default_values")
     if defaults is not None:
         values = dict(values, _use_default_values=[k for k in defaults if k not in values])
     module.register_to_config(**values)
-
-
-def config_mismatch(den) -> str | None:
-    """None if ``type(den).from_config(den.config)`` builds this structure, else what differs."""
-    from diffusers.utils import logging as dlogging
-
-    level = dlogging.get_verbosity()
-    dlogging.set_verbosity(logging.ERROR)
-    try:
-        with torch.device("meta"):
-            fresh = type(den).from_config(den.config)
-    except ValueError as exc:  # e.g. GroupNorm divisibility
-        return f"from_config fails: {exc}"
-    finally:
-        dlogging.set_verbosity(level)
-    want = {k: tuple(v.shape) for k, v in den.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
-    bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
-    if bad:
-        return f"{len(bad)} tensors, e.g. {bad[0]}: {want.get(bad[0])} here, {got.get(bad[0])} from config"
-    heads = [(n, m.heads) for n, m in den.named_modules() if hasattr(m, "heads")]
-    fresh_heads = [(n, m.heads) for n, m in fresh.named_modules() if hasattr(m, "heads")]
-    return None if heads == fresh_heads else "attention head counts"
 
 
 @register

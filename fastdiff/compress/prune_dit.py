@@ -15,7 +15,7 @@ norms and the patch projections fixed, and in every block removes
 
 Channels and heads are ranked per block by ``magnitude`` (the squared L2 norm of every weight and bias entry
 of the channel or head, summed over the layers it spans) or ``taylor`` (the sum of ``|weight * grad|`` over the
-same entries, gradients of the denoising loss on a few noised batches, ``prune._taylor_gradients``). The
+same entries, gradients of the denoising loss on a few noised batches, ``common.taylor_gradients``). The
 surgery is torch-pruning's ``prune_linear_out_channels`` / ``prune_linear_in_channels``. The result is a
 smaller dense model that runs at every batch size, resolution and guidance setting the original did; the
 handle reports ``params_before/after``, ``macs_before/after`` and the kept ``heads`` / ``ff_widths`` per block.
@@ -49,7 +49,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fastdiff.compress.common import config_mismatch, count_params_macs, sized_handle, taylor_gradients
 from fastdiff.core.hooks import Handle
+from fastdiff.train.inputs import capture_inputs
 
 STRUCTURE = "prune_structure.json"
 _PAIRED_ACTS = ("GEGLU", "SwiGLU")  # activations whose projection output is chunked in two halves
@@ -173,10 +175,6 @@ def _prune_blocks(den, ratio: float, importance: str) -> None:
 
 def prune_transformer(fp, cfg) -> Handle:
     """``Prune.apply`` for transformer denoisers (see the module docstring)."""
-    from fastdiff.compress.lowrank import count_params_macs, sized_handle
-    from fastdiff.compress.prune import _taylor_gradients
-    from fastdiff.compress.recover import capture_inputs
-
     den = fp.denoiser
     inputs = capture_inputs(fp, batch=2)
     before = count_params_macs(den, inputs)
@@ -193,7 +191,7 @@ def prune_transformer(fp, cfg) -> Handle:
         if cfg.importance == "taylor":
             with torch.enable_grad():
                 den.requires_grad_(True)
-                _taylor_gradients(den, fp, inputs)
+                taylor_gradients(den, fp, inputs)
         _prune_blocks(den, cfg.ratio, cfg.importance)
     except BaseException:
         restore()
@@ -237,8 +235,6 @@ def write_structure(fp, out_dir) -> str | None:
 
     Returns the file name, or None (and removes a stale file) when the saved config rebuilds the model.
     """
-    from fastdiff.compress.prune import config_mismatch
-
     den, path = fp.denoiser, Path(out_dir) / STRUCTURE
     path.unlink(missing_ok=True)
     if not transformer_blocks(den) or config_mismatch(den) is None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-# Re-exported: prune, lowrank, onnx_export and the benchmarks import these from here.
+# Re-exported: onnx_export and the benchmarks import these from here.
 from fastdiff.train.inputs import (  # noqa: F401
     as_fastpipeline,
     capture_inputs,

@@ -1,0 +1,83 @@
+"""What the structure-changing accelerators share: size counts, the hooked-blocks check, Taylor gradients.
+
+``prune`` (UNets), ``prune_dit`` (transformers) and ``lowrank`` import these; ``recover`` sits above them all.
+
+Example::
+
+    from fastdiff.compress.common import count_params_macs
+    from fastdiff.train.inputs import capture_inputs
+
+    params, macs = count_params_macs(fp.denoiser, capture_inputs(fp, batch=1))
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from fastdiff.core.hooks import Handle
+from fastdiff.core.registry import AcceleratorError
+from fastdiff.train.inputs import denoiser_output, noised_inputs
+
+
+def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
+    """(parameters, multiply-accumulates of one call on ``inputs``) counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = sum(p.numel() for p in module.parameters())
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        type(module).forward(module, **inputs)  # the class forward: the wrapper's hooks must not count it
+    return params, counter.get_total_flops() // 2
+
+
+def sized_handle(restore, module: nn.Module, inputs: dict, before: tuple[int, int], **info) -> Handle:
+    """A Handle that reports ``params_before/after`` and ``macs_before/after`` (``before``: counted earlier)."""
+    params, macs = count_params_macs(module, inputs)
+    return Handle(restore, params_before=before[0], params_after=params, macs_before=before[1], macs_after=macs,
+                  **info)  # fmt: skip
+
+
+def refuse_hooked_blocks(den, accelerator: str) -> None:
+    """AcceleratorError if another accelerator hooks the denoiser's submodules (they would be replaced)."""
+    for name, m in den.named_modules():
+        registry = getattr(m, "_diffusers_hook", None)
+        if m is not den and registry is not None and registry.hooks:
+            raise AcceleratorError(
+                f"{accelerator}: {name} is hooked by {', '.join(registry.hooks)}; apply {accelerator} first "
+                "(in the same accelerate call, or before the others)"
+            )
+
+
+def taylor_gradients(den, fp, inputs: dict, batches: int = 4) -> None:
+    """Accumulate denoising-loss gradients (noised random samples, the pipeline's own conditioning)."""
+    den.zero_grad(set_to_none=True)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(batches):
+        noisy, target = noised_inputs(fp.pipe.scheduler.config, inputs, generator=generator)
+        out = denoiser_output(den, noisy)[:, : target.shape[1]]
+        (nn.functional.mse_loss(out, target) / batches).backward()
+
+
+def config_mismatch(den) -> str | None:
+    """None if ``type(den).from_config(den.config)`` builds this structure, else what differs."""
+    from diffusers.utils import logging as dlogging
+
+    level = dlogging.get_verbosity()
+    dlogging.set_verbosity(logging.ERROR)
+    try:
+        with torch.device("meta"):
+            fresh = type(den).from_config(den.config)
+    except ValueError as exc:  # e.g. GroupNorm divisibility
+        return f"from_config fails: {exc}"
+    finally:
+        dlogging.set_verbosity(level)
+    want = {k: tuple(v.shape) for k, v in den.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    if bad:
+        return f"{len(bad)} tensors, e.g. {bad[0]}: {want.get(bad[0])} here, {got.get(bad[0])} from config"
+    heads = [(n, m.heads) for n, m in den.named_modules() if hasattr(m, "heads")]
+    fresh_heads = [(n, m.heads) for n, m in fresh.named_modules() if hasattr(m, "heads")]
+    return None if heads == fresh_heads else "attention head counts"
