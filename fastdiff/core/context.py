@@ -36,7 +36,9 @@ class StepContext:
     call_index: int = 0  # increases by one at the start of every pipeline call
     step: int = 0  # scheduler steps completed in this call = index of the step being computed
     num_steps: int = 0  # steps this call runs (img2img strength runs fewer than the schedule holds)
-    timestep: float | None = None  # timestep passed to the current denoiser call
+    # the current denoiser call's timestep as passed: a device tensor is read to the host (a synchronisation)
+    # only when a hook reads ``timestep``, so the plain wrapper adds none per step
+    raw_timestep: object = None
     cfg: bool = False  # the call started with guidance branches batched
     cfg_layout: tuple[str, ...] = ("uncond", "cond")  # branch order of a CFG batch (model fact)
     branches: tuple[str, ...] = ("cond",)  # branch of each equal chunk of the current denoiser batch
@@ -50,6 +52,18 @@ class StepContext:
     active: bool = False  # inside a call of the owning FastPipeline
     owner: int = field(default_factory=lambda: next(_OWNERS))  # makes hook names unique per wrapper
     extras: dict = field(default_factory=dict)
+
+    @property
+    def timestep(self) -> float | None:
+        """Timestep passed to the current denoiser call (the first element of a per-sample tensor)."""
+        raw = self.raw_timestep
+        if isinstance(raw, torch.Tensor):
+            raw = self.raw_timestep = raw.flatten()[0].item() if raw.numel() else None
+        return None if raw is None else float(raw)
+
+    @timestep.setter
+    def timestep(self, value) -> None:
+        self.raw_timestep = value
 
     @property
     def progress(self) -> float:
@@ -105,10 +119,7 @@ class ContextHook(ModelHook):
 
     def pre_forward(self, module, *args, **kwargs):
         ctx = self.context
-        timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-        if isinstance(timestep, torch.Tensor):
-            timestep = timestep.flatten()[0].item() if timestep.numel() else None
-        ctx.timestep = None if timestep is None else float(timestep)
+        ctx.timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
         batch = batch_size_of(args, kwargs)
         if ctx.denoiser_calls == 0:
             pipe = self.pipe_of()
