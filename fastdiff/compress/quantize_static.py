@@ -237,7 +237,7 @@ class _StaticHook(ModelHook):
 def apply_static(fp, calibration_batch: int, calibration_steps: int):
     """Calibrate, quantize and hook every compile unit of ``fp.denoiser``; returns a removable HandleGroup."""
     from fastdiff.compress.runtime import compile_units
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
 
     denoiser = fp.denoiser
     check_device(denoiser)

@@ -100,9 +100,9 @@ class FastPipeline:
 
         ``device`` ("cpu", "cuda", "xla" ...) places the pipeline there before any accelerator is applied.
         """
+        # fastdiff's own pipeline classes are known to diffusers: the package's __init__, which registers them,
+        # runs before any of its modules
         from diffusers import DiffusionPipeline
-
-        import fastdiff  # noqa: F401  (registers fastdiff's own pipeline classes with diffusers)
 
         path = Path(path_or_dir).expanduser()
         looks_local = path.is_absolute() or str(path_or_dir).startswith((".", "~")) or path.exists()
@@ -359,7 +359,7 @@ class FastPipeline:
 def resolve_device(device) -> torch.device:
     """``torch.device`` of ``device``; "xla" means torch-xla's current device (needs torch-xla installed)."""
     if str(device).split(":")[0] == "xla":
-        from fastdiff.xla.device import xla_device
+        from fastdiff.core.device import xla_device
 
         return xla_device(device)
     try:
@@ -374,7 +374,7 @@ def step_sync(device):
     """What ends a denoising step on ``device``: ``torch_xla.sync`` on XLA devices, else None."""
     if getattr(device, "type", None) != "xla":
         return None
-    from fastdiff.xla.device import sync
+    from fastdiff.core.device import sync
 
     return sync
 

@@ -14,133 +14,22 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import json
 import statistics
-import threading
-import time
-from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 
-from fastdiff.core.models import find_denoiser, pipeline_facts
+# make_inputs and time_runs live in core (every layer uses them); re-exported for the benchmarks and tests
+from fastdiff.core.inputs import PROMPTS, default_side, make_inputs, synthetic_image  # noqa: F401
 from fastdiff.core.pipeline import FastPipeline
+from fastdiff.core.timing import peak_rss_mb, time_runs  # noqa: F401
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.grid import save_grid
-from fastdiff.eval.quality import model_prompts
-
-PROMPTS = [
-    "a photograph of an astronaut riding a horse",
-    "a watercolor painting of a fox in a snowy forest",
-    "a red vintage car parked on a cobblestone street",
-    "a bowl of fruit on a wooden table, studio lighting",
-]
-
-
-@contextmanager
-def peak_rss_mb(interval: float = 0.005):
-    """Sample this process's resident memory in a thread; yields a dict whose "peak" is set on exit (MiB)."""
-    process, result, stop = psutil.Process(), {"peak": 0.0}, threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
-            stop.wait(interval)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield result
-    finally:
-        stop.set()
-        thread.join()
-        result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
-
-
-def make_inputs(
-    pipe, batch: int | None = None, guidance: float | None = None, side: int | None = None
-) -> dict[str, Any]:
-    """Call arguments for a benchmark batch, from the pipeline's facts (prompts, labels or a batch size).
-
-    Pipelines that take images (img2img, inpaint, ControlNet, T2I-Adapter) get seeded synthetic ones of
-    ``side`` pixels (default: the model's default size).
-    """
-    facts = pipeline_facts(pipe)
-    batch = batch or facts.default_batch
-    if facts.inputs == "prompt":
-        prompts = (
-            model_prompts(pipe) or PROMPTS
-        )  # a model may ship its own (digits-sd: prompts naming digits)
-        kwargs: dict[str, Any] = {"prompt": [prompts[i % len(prompts)] for i in range(batch)]}
-    elif facts.inputs == "class_labels":
-        kwargs = {"class_labels": [i % facts.num_classes for i in range(batch)]}
-    else:
-        kwargs = {"batch_size": batch}
-    if facts.cfg_layout:
-        kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
-    elif facts.cfg_sequence:  # true CFG (Flux, Qwen-Image) runs only with a negative prompt
-        kwargs[facts.guidance_arg] = facts.default_guidance if guidance is None else guidance
-        takes_negative = "negative_prompt" in inspect.signature(pipe.__call__).parameters
-        if kwargs[facts.guidance_arg] > facts.cfg_above and takes_negative:
-            kwargs["negative_prompt"] = [" "] * batch
-    kwargs.update(facts.bench_call)
-    if "height" in inspect.signature(pipe.__call__).parameters:
-        side = side or default_side(pipe)
-        kwargs.update(height=side, width=side)
-    if facts.image_inputs:
-        side = side or default_side(pipe)
-        for i, name in enumerate(facts.image_inputs):
-            image = synthetic_image(side, side, seed=i, mask=name == "mask_image")
-            kwargs[name] = image if batch == 1 else [image] * batch  # one per prompt (T2I-Adapter needs it)
-    return kwargs
-
-
-def default_side(pipe) -> int:
-    """The image side a pipeline generates by default: its default sample size times the VAE's factor."""
-    _, denoiser = find_denoiser(pipe)
-    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size
-    if isinstance(sample, (tuple, list)):
-        sample = sample[0]
-    return int(sample * getattr(pipe, "vae_scale_factor", 1))
-
-
-def synthetic_image(height: int, width: int, seed: int = 0, mask: bool = False) -> Image.Image:
-    """A seeded noise image (RGB), or a mask (L) that is white in its central half, for image-taking pipelines."""
-    if mask:
-        pixels = np.zeros((height, width), np.uint8)
-        pixels[height // 4 : height - height // 4, width // 4 : width - width // 4] = 255
-        return Image.fromarray(pixels)
-    return Image.fromarray((np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8))
-
-
-def time_runs(
-    fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None, warmup: bool = True
-):
-    """One untimed warm-up, then ``runs`` timed calls.
-
-    Returns (wall seconds per run, last output, peak RSS MiB, process CPU seconds per run). CPU time is the
-    steadier figure on a machine shared with other work.
-    """
-    if warmup:
-        fn()
-    seconds, cpu_seconds, output = [], [], None
-    with peak_rss_mb() as rss:
-        for _ in range(runs):
-            start, cpu = time.perf_counter(), time.process_time()
-            output = fn()
-            seconds.append(time.perf_counter() - start)
-            cpu_seconds.append(time.process_time() - cpu)
-            if on_run:
-                on_run()
-    return seconds, output, rss["peak"], cpu_seconds
 
 
 def run_bench(

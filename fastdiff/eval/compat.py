@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from fastdiff.core.hooks import DirectCallError
+from fastdiff.core.inputs import make_inputs
 from fastdiff.core.models import UnsupportedModelError, find_denoiser
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.registry import AcceleratorError
+from fastdiff.core.siblings import sibling
 from fastdiff.core.spec import parse
-from fastdiff.eval.bench import make_inputs
-from fastdiff.zoo.variants import sibling
 
 # One setting per accelerator that applies to the zoo's test-size models; a test keeps it complete.
 MATRIX_SPECS = {

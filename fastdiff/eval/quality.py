@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from fastdiff.eval import register_quality
+from fastdiff.core.inputs import model_prompts, pipeline_directory
 from fastdiff.eval.classifier import (
     DigitClassifier,
     PenultimateFeatures,
@@ -29,6 +28,7 @@ from fastdiff.eval.classifier import (
     load_classifier,
     to_classifier_input,
 )
+from fastdiff.eval.registry import register_quality
 
 
 def accuracy(images, labels, classifier: DigitClassifier) -> float:
@@ -132,17 +132,6 @@ def load_reference_eval(directory: str | Path) -> ReferenceEval:
     return _CACHE[directory]
 
 
-def pipeline_directory(pipe) -> Path:
-    """The directory a pipeline was loaded from (``from_pretrained`` records it as ``_name_or_path``)."""
-    path = getattr(pipe, "name_or_path", None) or getattr(pipe.config, "_name_or_path", None)
-    if not path or not Path(path).is_dir():
-        raise ValueError(
-            f"cannot find the directory of pipeline {type(pipe).__name__} (name_or_path={path!r}); "
-            "load it with from_pretrained(<local build directory>)"
-        )
-    return Path(path)
-
-
 @register_quality("ClassConditionalPipeline")
 def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
     """Accuracy, FD vs the test split, and the FD floor at the same sample count.
@@ -165,20 +154,6 @@ def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -
         "fd": ref.fd_to_test(images),
         "fd_floor": ref.fd_floor(len(images), seed=seed),
     }
-
-
-def model_prompts(pipe) -> list[str] | None:
-    """The benchmark prompts a model ships in ``eval/prompts.json`` (digits-sd), or None.
-
-    Example::
-
-        model_prompts(StableDiffusionPipeline.from_pretrained("/tmp/digits-sd"))[:2]  # ['a handwritten zero', ...]
-    """
-    try:
-        path = pipeline_directory(pipe) / "eval" / "prompts.json"
-    except ValueError:  # an in-memory pipeline
-        return None
-    return json.loads(path.read_text())["bench_prompts"] if path.is_file() else None
 
 
 @register_quality("StableDiffusion3Pipeline")  # digits-flow

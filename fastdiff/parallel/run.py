@@ -17,7 +17,7 @@ import torch
 
 def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: int = 0, warmup: bool = False):
     """On every rank: one FastPipeline per spec string, one seeded call each; {spec: images, seconds}."""
-    from fastdiff import FastPipeline
+    from fastdiff.core.pipeline import FastPipeline
 
     fp = FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
@@ -47,8 +47,8 @@ def bench_config(
     rank: int, world: int, model, specs: str, call: dict, runs: int, seed: int, warmup: bool, steps
 ):
     """On every rank: ``fastdiff bench``'s timed runs of one config; (seconds, images, peak RSS, CPU seconds, NFE)."""
-    from fastdiff import FastPipeline
-    from fastdiff.eval.bench import time_runs
+    from fastdiff.core.pipeline import FastPipeline
+    from fastdiff.core.timing import time_runs
 
     fp = FastPipeline.from_pretrained(model, accelerators=specs)
     fp.pipe.set_progress_bar_config(disable=True)

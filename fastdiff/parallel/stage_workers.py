@@ -7,7 +7,7 @@ pieces only: ``encode_prompt`` (text), the pipeline call with ``prompt_embeds`` 
 
 Example (one process, the stages one after another; ``StagePipeline`` puts them on separate processes)::
 
-    from fastdiff import FastPipeline
+    from fastdiff.core.pipeline import FastPipeline
     from fastdiff.parallel.stage_workers import STAGE_FUNCTIONS
 
     fp = FastPipeline.from_pretrained("/tmp/tiny-sd", accelerators="scheduler(name=dpm++2m,steps=4)")
@@ -122,7 +122,7 @@ def serve(rank: int, world: int, model: str, specs: str, device: str, stages, qu
     worker running two stages never blocks on one while the other could go on (only single-stage ranks share
     a queue with another producer, so the room of a multi-stage rank's output cannot disappear).
     """
-    from fastdiff import FastPipeline
+    from fastdiff.core.pipeline import FastPipeline
     from fastdiff.core.spec import parse
 
     mine = stages[rank]

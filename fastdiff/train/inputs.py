@@ -75,7 +75,7 @@ def capture_inputs(fp, batch: int = 2, seed: int = 0, guidance: float | None = N
     pipeline batches both branches, in its ``cfg_layout`` order.
     """
     from fastdiff.core.hooks import install_hook
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
 
     handle = install_hook(fp.denoiser, _CaptureHook(), "fastdiff.capture")
     bar_config = getattr(fp.pipe, "_progress_bar_config", None)

@@ -124,7 +124,7 @@ class Measurer:
 
     def _warm_up(self) -> None:
         """One small untimed call, so that the first timed measurement (the baseline) pays no first-call costs."""
-        from fastdiff.eval.bench import make_inputs
+        from fastdiff.core.inputs import make_inputs
 
         call = dict(make_inputs(self.fp.pipe, 2, self.guidance), output_type="np", num_inference_steps=2)
         self.fp(**call, generator=torch.Generator().manual_seed(0))

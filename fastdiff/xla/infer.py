@@ -36,7 +36,7 @@ def load(model, specs: str = "", device="xla", bf16: bool = False) -> FastPipeli
 
 def call_inputs(fp: FastPipeline, batch: int, steps: int | None, guidance: float | None) -> dict[str, Any]:
     """Call arguments for ``batch`` images from the pipeline's facts; ``steps`` None keeps a preset's count."""
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
 
     if not isinstance(batch, int) or batch <= 0:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
