@@ -43,17 +43,17 @@ from tqdm.auto import tqdm
 
 from fastdiff.core.models import model_prediction
 from fastdiff.core.registry import AcceleratorError
+from fastdiff.schedulers.exact import exact_references, ode_error
 from fastdiff.schedulers.presets import FLOW_PRESETS, explicit_config, make_scheduler
+from fastdiff.schedulers.spacing import Spacing, strictly_decreasing
 from fastdiff.schedulers.tuned import (
     ROUTES,
     TunedSchedule,
     check_sampler,
     install_timesteps,
     model_hash,
-    sigma_table,
 )
 from fastdiff.schedulers.tuning_flow import flow_references, flow_spacing, flow_spacings
-from fastdiff.zoo.gmm_exact import exact_samples, gmm_denoiser, initial_noise, ode_error
 
 CALIBRATION_SEED = 1000
 STARTS = 3  # searches from the best few standard spacings
@@ -66,55 +66,6 @@ SPACING_FLAGS = {
     "beta": {"use_beta_sigmas": True},
 }
 AYS_LISTS = {"ays-sd": "StableDiffusionTimesteps", "ays-sdxl": "StableDiffusionXLTimesteps"}
-
-
-def strictly_decreasing(timesteps, num_train_timesteps: int, pin_first: bool = True) -> list[int]:
-    """Round, start at T-1 (``pin_first``) and make strictly decreasing integers >= 0 (distinct steps).
-
-    >>> strictly_decreasing([999.2, 500.4, 500.1, 0.2], 1000)
-    [999, 500, 499, 0]
-    >>> strictly_decreasing([940.2, 500.4, 0.2], 1000, pin_first=False)
-    [940, 500, 0]
-    """
-    steps = len(timesteps)
-    ts = np.rint(np.asarray(timesteps, dtype=np.float64)).astype(np.int64)
-    ts = np.clip(ts, steps - 1 - np.arange(steps), num_train_timesteps - 1 - np.arange(steps))
-    if pin_first:
-        ts[0] = num_train_timesteps - 1
-    for i in range(1, steps):
-        ts[i] = min(ts[i], ts[i - 1] - 1)
-    return ts.tolist()
-
-
-class Spacing:
-    """Maps parameters theta (K logits, K+1 with a free start) to integer timesteps and back for one noise
-    schedule and K."""
-
-    def __init__(self, scheduler, steps: int, free_start: bool = False):
-        self.steps, self.free_start = steps, free_start
-        self.log_sigma = sigma_table(scheduler).double().log().numpy()  # increasing with t
-        self.top, self.bottom = self.log_sigma[-1], self.log_sigma[0]
-
-    def timesteps(self, theta: np.ndarray) -> list[int]:
-        # Softmax shares the span of log-sigma among (a head gap below T-1,) K-1 decrements and a slack (the
-        # gap to t=0).
-        weights = np.exp(theta - theta.max())
-        gaps = (self.top - self.bottom) * weights[:-1] / weights.sum()
-        head = np.zeros(1) if not self.free_start else gaps[:1]
-        decrements = gaps[1:] if self.free_start else gaps
-        log_sigma = self.top - np.concatenate([head, head + np.cumsum(decrements)])
-        return strictly_decreasing(self.to_t(log_sigma), len(self.log_sigma), pin_first=not self.free_start)
-
-    def theta(self, timesteps: list[int]) -> np.ndarray:
-        log_sigma = self.log_sigma[timesteps]
-        parts = np.concatenate([-np.diff(log_sigma), [log_sigma[-1] - self.bottom]])
-        if self.free_start:
-            parts = np.concatenate([[self.top - log_sigma[0]], parts])
-        return np.log(np.maximum(parts / (self.top - self.bottom), 1e-4))
-
-    def to_t(self, log_sigma) -> np.ndarray:
-        # Inverse of the table by linear interpolation of log-sigma, as diffusers' _sigma_to_t does.
-        return np.interp(log_sigma, self.log_sigma, np.arange(len(self.log_sigma)))
 
 
 def standard_spacings(scheduler, steps: int) -> dict[str, list[int]]:
@@ -199,15 +150,9 @@ def references(pipe, inputs: dict, seeds: list[int], reference_steps: int) -> tu
     """{seed: reference samples} and a description: the exact solve on the GMMs, else a high-NFE run."""
     if model_prediction(pipe.scheduler) == "flow":
         return flow_references(pipe, inputs, seeds, reference_steps, sample)
-    try:
-        gmm_denoiser(pipe)
-    except TypeError:
-        pass
-    else:
-        batch = inputs["batch_size"]
-        return {
-            s: exact_samples(pipe, initial_noise(pipe, batch, s)) for s in seeds
-        }, "exact ODE solve (DOP853)"
+    exact = exact_references(pipe, inputs.get("batch_size", 1), seeds, "noise")
+    if exact is not None:
+        return exact
     original = pipe.scheduler
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(
         explicit_config(original.config, "DPMSolverMultistepScheduler"),
@@ -288,7 +233,7 @@ def tune(
     benchmarks tune DDIM as first-order DPM-Solver++, the same update, since DDIMScheduler takes no timesteps).
     ``free_start=False`` keeps the first timestep at T-1.
     """
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
 
     if nfe < 2 or seeds < 1 or max_evals < 1:
         raise ValueError(f"need nfe >= 2, seeds >= 1, max_evals >= 1; got {nfe}, {seeds}, {max_evals}")

@@ -4,7 +4,7 @@ A flow schedule is K integer timesteps t in [1, top] with sigma s = t / T (T = n
 is T for FlowMatchEuler (it starts at s = 1) and T - 1 for DPM-Solver and UniPC, whose log-SNR is infinite at
 s = 1 (they start at 0.999 themselves). The search runs on indices i = t - 1 into the table of log-sigmas
 log((i + 1) / T), with the same softmax-of-decrements parameterisation, Nelder-Mead and integer polish as the
-noise-schedule search (``tuning.Spacing``, ``tuning.search``).
+noise-schedule search (``spacing.Spacing``, ``tuning.search``).
 
 Standard spacings (the starting points, each from s = top / T): ``uniform`` (FlowMatchEuler's linspace from
 1 to 1/T), ``trailing`` (DPM-Solver's and UniPC's ``1 - linspace``), each with shift 1 and 3 (and the model's
@@ -23,7 +23,9 @@ import numpy as np
 from diffusers import DDPMScheduler
 from diffusers.schedulers import AysSchedules
 
+from fastdiff.schedulers.exact import exact_references
 from fastdiff.schedulers.presets import make_scheduler
+from fastdiff.schedulers.spacing import Spacing, strictly_decreasing
 
 SHIFTS = (1.0, 3.0)
 KARRAS_SIGMAS = (0.0292, 14.6146)  # SD's VP sigma range (t = 0 and t = 999 of its scaled-linear table)
@@ -51,8 +53,6 @@ def to_indices(sigmas, total: int, top: int) -> list[int]:
     >>> to_indices([1.0, 0.5, 0.0004], 1000, 999)
     [998, 499, 0]
     """
-    from fastdiff.schedulers.tuning import strictly_decreasing
-
     return strictly_decreasing(np.asarray(sigmas, dtype=np.float64) * total - 1, top)
 
 
@@ -85,9 +85,7 @@ def flow_spacings(scheduler, steps: int) -> dict[str, list[int]]:
 
 
 def flow_spacing(scheduler, steps: int, free_start: bool):
-    """A ``tuning.Spacing`` over indices t - 1 of the flow log-sigma table log(t / T), t = 1 .. top."""
-    from fastdiff.schedulers.tuning import Spacing
-
+    """A ``spacing.Spacing`` over indices t - 1 of the flow log-sigma table log(t / T), t = 1 .. top."""
     spacing = Spacing.__new__(Spacing)
     spacing.steps, spacing.free_start = steps, free_start
     total = scheduler.config.num_train_timesteps
@@ -98,16 +96,9 @@ def flow_spacing(scheduler, steps: int, free_start: bool):
 
 def flow_references(pipe, inputs: dict, seeds: list[int], reference_steps: int, sample) -> tuple[dict, str]:
     """{seed: reference samples} for a flow model: the exact solve on gmm-flow, else a fine UniPC run."""
-    from fastdiff.zoo.gmm_flow import exact_samples, flow_denoiser, initial_noise
-
-    try:
-        flow_denoiser(pipe)
-    except TypeError:
-        pass
-    else:
-        batch = inputs["batch_size"]
-        refs = {s: exact_samples(pipe, initial_noise(pipe, batch, s)) for s in seeds}
-        return refs, "exact flow ODE solve (DOP853)"
+    exact = exact_references(pipe, inputs.get("batch_size", 1), seeds, "flow")
+    if exact is not None:
+        return exact
     original = pipe.scheduler
     pipe.scheduler = make_scheduler("flow-unipc", original.config)
     try:

@@ -10,21 +10,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-Builder = Callable[..., None]
-ZOO: dict[str, tuple[Builder, tuple[str, ...]]] = {}
-
-
-def register_model(name: str, sizes: tuple[str, ...] = ("test", "bench")):
-    """Register ``fn(out_dir: Path, size: str, seed: int) -> None`` as the builder of ``name``."""
-
-    def decorator(fn: Builder) -> Builder:
-        ZOO[name] = (fn, sizes)
-        return fn
-
-    return decorator
+from fastdiff.zoo.registry import ZOO, Builder, register_model  # noqa: F401  (the public names of the zoo)
 
 
 def available() -> list[str]:

@@ -38,7 +38,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from diffusers.utils.torch_utils import randn_tensor
 
-from fastdiff.zoo import register_model
+from fastdiff.zoo.registry import register_model
 
 # The DDPM noise schedule of Stable Diffusion; the denoiser and the saved scheduler share it.
 SCHEDULE = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")

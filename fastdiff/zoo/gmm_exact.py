@@ -34,7 +34,8 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 from scipy.integrate import solve_ivp
 
-from fastdiff.eval import register_quality
+from fastdiff.eval.registry import register_quality
+from fastdiff.schedulers.exact import ode_error, register_exact
 
 # Per denoiser (VP or flow): {(seed, shape): exact samples}; weak keys free a discarded pipeline's cache.
 _EXACT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -150,38 +151,6 @@ def _solve_chunk(rhs, start: torch.Tensor, span: tuple[float, float], rtol, atol
     return torch.from_numpy(solution.y[:, -1].copy()).view(rows, -1)
 
 
-def _as_nchw(samples, like_shape: tuple[int, ...]) -> torch.Tensor:
-    # numpy images from output_type="np" are (N, H, W, C); everything else is (N, C, H, W).
-    tensor = torch.as_tensor(np.asarray(samples) if not isinstance(samples, torch.Tensor) else samples)
-    tensor = tensor.detach().double().cpu()
-    if (
-        tuple(tensor.shape) != like_shape
-        and tensor.ndim == 4
-        and tuple(tensor.permute(0, 3, 1, 2).shape) == like_shape
-    ):
-        tensor = tensor.permute(0, 3, 1, 2)
-    if tuple(tensor.shape) != like_shape:
-        raise ValueError(
-            f"samples have shape {tuple(tensor.shape)}; expected {like_shape} (NCHW) or its NHWC"
-        )
-    return tensor
-
-
-def ode_error(samples, exact) -> float:
-    """Mean over samples of the L2 distance (over all C*H*W values) between ``samples`` and ``exact``.
-
-    Accepts torch (N, C, H, W) or the pipeline's numpy (N, H, W, C) images for either argument.
-
-    >>> ode_error(torch.zeros(2, 1, 8, 8), torch.ones(2, 1, 8, 8))
-    8.0
-    """
-    exact = torch.as_tensor(exact).detach().double().cpu()
-    if exact.ndim != 4:
-        raise ValueError(f"exact has shape {tuple(exact.shape)}; expected 4 dims (N, C, H, W)")
-    samples = _as_nchw(samples, tuple(exact.shape))
-    return float((samples - exact).flatten(1).norm(dim=1).mean())
-
-
 @register_quality("GMMPipeline")
 def gmm_quality(pipe, call_kwargs: dict, images, seed: int) -> dict[str, float]:
     """``{"ode_error": ...}`` of raw ``images`` against the exact solve from the noise of ``seed``.
@@ -206,3 +175,17 @@ def cached_quality(denoiser, call_kwargs: dict, images, seed: int, noise_of, sol
             cache[key] = solve(denoiser, noise)
         exact = cache[key]
     return {"ode_error": ode_error(images, exact)}
+
+
+def _is_gmm(pipe) -> bool:
+    try:
+        gmm_denoiser(pipe)
+    except TypeError:
+        return False
+    return True
+
+
+@register_exact("noise", _is_gmm, "exact ODE solve (DOP853)")
+def _exact_reference(pipe, batch: int, seed: int) -> torch.Tensor:
+    # the schedule tuner's reference on the exact model: the solve from the noise the pipeline draws
+    return exact_samples(pipe, initial_noise(pipe, batch, seed))

@@ -60,10 +60,11 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
-from fastdiff.eval import register_quality
-from fastdiff.zoo import register_model
+from fastdiff.eval.registry import register_quality
+from fastdiff.schedulers.exact import register_exact
 from fastdiff.zoo.gmm import GMMPipeline, MixtureDenoiser
 from fastdiff.zoo.gmm_exact import cached_quality, find_denoiser, ode_error, solve_chunked, standard_noise
+from fastdiff.zoo.registry import register_model
 
 
 class GMMFlowDenoiser(MixtureDenoiser):
@@ -250,6 +251,20 @@ def gmm_flow_quality(pipe, call_kwargs: dict, images, seed: int) -> dict[str, fl
     solutions are cached per denoiser by (seed, shape).
     """
     return cached_quality(flow_denoiser(pipe), call_kwargs, images, seed, initial_noise, exact_samples)
+
+
+def _is_gmm_flow(pipe) -> bool:
+    try:
+        flow_denoiser(pipe)
+    except TypeError:
+        return False
+    return True
+
+
+@register_exact("flow", _is_gmm_flow, "exact flow ODE solve (DOP853)")
+def _exact_reference(pipe, batch: int, seed: int) -> torch.Tensor:
+    # the schedule tuner's reference on gmm-flow: the exact solve from the noise the pipeline draws
+    return exact_samples(pipe, initial_noise(pipe, batch, seed))
 
 
 __all__ = [

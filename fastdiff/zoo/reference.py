@@ -32,7 +32,6 @@ from diffusers import DDIMScheduler
 
 from fastdiff.eval.classifier import classifier_accuracy, load_classifier, save_classifier, train_classifier
 from fastdiff.eval.quality import accuracy, fd, fd_floor
-from fastdiff.zoo import register_model
 from fastdiff.zoo.pipelines import ClassConditionalPipeline
 from fastdiff.zoo.reference_train import (
     NULL_CLASS,
@@ -42,6 +41,7 @@ from fastdiff.zoo.reference_train import (
     train_unet,
     training_scheduler,
 )
+from fastdiff.zoo.registry import register_model
 from fastdiff.zoo.shipped import install_digits
 
 RESOLUTIONS = (16, 32)

@@ -45,8 +45,8 @@ from diffusers import (
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
 
 from fastdiff.train.loop import train
-from fastdiff.zoo import register_model
 from fastdiff.zoo.digit_captions import bench_prompts, stroke_words, training_prompts
+from fastdiff.zoo.registry import register_model
 
 LATENT_SIDE = 8
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default: this many zero "T5" tokens follow the CLIP tokens

@@ -31,9 +31,9 @@ from diffusers.training_utils import compute_snr
 from transformers import CLIPTextModel
 
 from fastdiff.train.loop import train
-from fastdiff.zoo import register_model
 from fastdiff.zoo.digit_captions import EXTRA_WORDS, bench_prompts, stroke_words, training_prompts
-from fastdiff.zoo.tiny import _sd_scheduler, _text_config
+from fastdiff.zoo.registry import register_model
+from fastdiff.zoo.tiny_base import sd_scheduler, text_config
 from fastdiff.zoo.tokenizer import COMMON_WORDS, make_clip_tokenizer
 
 MAX_TOKENS = 16  # the longest prompt is 9 tokens; short sequences keep cross-attention cheap
@@ -105,7 +105,7 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
     """Epsilon-prediction training on the VAE's latents (SD's noise schedule, Min-SNR weights, EMA, prompt
     dropout); returns the EMA text encoder and UNet and the training report."""
     torch.manual_seed(seed)
-    text_encoder = CLIPTextModel(_text_config(tokenizer, hidden=64, layers=2, heads=4))
+    text_encoder = CLIPTextModel(text_config(tokenizer, hidden=64, layers=2, heads=4))
     model = TextToLatent(text_encoder, make_unet(cross_attention_dim=64))
     # a module, not diffusers' EMAModel: the shared training loop checkpoints `extra` modules
     ema = copy.deepcopy(model)
@@ -115,7 +115,7 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
     )
     ids, allowed = ids.input_ids, torch.as_tensor(allowed)
     mean, std = latents
-    noise_scheduler = DDPMScheduler.from_config(_sd_scheduler().config)
+    noise_scheduler = DDPMScheduler.from_config(sd_scheduler().config)
 
     def loss_fn(net, g, device):
         index = torch.randint(0, len(mean), (batch_size,), generator=g)
@@ -190,7 +190,7 @@ def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae
     finally:
         torch.set_num_threads(previous)
     pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=_sd_scheduler(),
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=sd_scheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )  # fmt: skip
     pipe.save_pretrained(out)

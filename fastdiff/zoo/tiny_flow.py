@@ -79,9 +79,9 @@ from transformers import (
     T5EncoderModel,
 )
 
-from fastdiff.zoo import register_model
 from fastdiff.zoo import text_encoders as te
-from fastdiff.zoo.tiny import _check_size, _in_eval_mode, _seeded, _text_config
+from fastdiff.zoo.registry import register_model
+from fastdiff.zoo.tiny_base import check_size, in_eval_mode, seeded, text_config
 from fastdiff.zoo.tokenizer import make_clip_tokenizer
 
 SIZES = ("test", "bench")
@@ -121,7 +121,7 @@ PIXART_SIGMA_SCHEDULER = {**_DPM, "prediction_type": "epsilon"}  # PixArt-Sigma 
 
 def _kl_vae(size: str, seed: int, latent_channels: int, cls=AutoencoderKL, **extra):
     blocks = _KL_BLOCKS[size]
-    return _seeded(
+    return seeded(
         seed,
         cls,
         down_block_types=("DownEncoderBlock2D",) * len(blocks),
@@ -145,14 +145,14 @@ def _calm(*layers: torch.nn.Module, scale: float = 0.1) -> None:
 
 def _transformer(seed: int, cls, **config) -> torch.nn.Module:
     """The denoiser ``cls(**config)`` built after ``torch.manual_seed(seed)``, its ``proj_out`` calmed."""
-    transformer = _seeded(seed, cls, **config)
+    transformer = seeded(seed, cls, **config)
     _calm(transformer.proj_out)
     return transformer
 
 
 def _pipeline(cls, scheduler, vae, tokenizer, text_encoder, transformer, **more) -> DiffusionPipeline:
     """``cls`` over these components (``more``: further encoders, pipeline options), in eval mode."""
-    return _in_eval_mode(cls(scheduler=scheduler, vae=vae, tokenizer=tokenizer, text_encoder=text_encoder,
+    return in_eval_mode(cls(scheduler=scheduler, vae=vae, tokenizer=tokenizer, text_encoder=text_encoder,
                              transformer=transformer, **more))  # fmt: skip
 
 
@@ -163,12 +163,12 @@ def _latent_px(size: str) -> int:
 
 def _t5(size: str, seed: int, max_length: int):
     tokenizer = te.make_t5_tokenizer(model_max_length=max_length)
-    return tokenizer, _seeded(seed, T5EncoderModel, te.t5_config(tokenizer, **_TEXT[size]))
+    return tokenizer, seeded(seed, T5EncoderModel, te.t5_config(tokenizer, **_TEXT[size]))
 
 
 def _flux(size: str, seed: int, guidance: bool) -> FluxPipeline:
     clip_tokenizer = make_clip_tokenizer()
-    clip = _seeded(seed, CLIPTextModel, _text_config(clip_tokenizer, **_CLIP[size]))
+    clip = seeded(seed, CLIPTextModel, text_config(clip_tokenizer, **_CLIP[size]))
     t5_tokenizer, t5 = _t5(size, seed, 512)
     vae = _kl_vae(size, seed, 16 if size == "bench" else 4, use_quant_conv=False, use_post_quant_conv=False,
                   scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
@@ -187,13 +187,13 @@ def _flux(size: str, seed: int, guidance: bool) -> FluxPipeline:
 
 def make_tiny_flux(size: str = "test", seed: int = 0) -> FluxPipeline:
     """FLUX.1-dev style: guidance-distilled (``guidance_embeds=True``), CLIP pooled + T5 text."""
-    _check_size("tiny-flux", size)
+    check_size("tiny-flux", size)
     return _flux(size, seed, guidance=True)
 
 
 def make_tiny_flux_schnell(size: str = "test", seed: int = 0) -> FluxPipeline:
     """FLUX.1-schnell style: no guidance input, fixed-shift (1.0) scheduler."""
-    _check_size("tiny-flux-schnell", size)
+    check_size("tiny-flux-schnell", size)
     return _flux(size, seed, guidance=False)
 
 
@@ -213,12 +213,10 @@ def _flux2_vae(size: str, seed: int) -> AutoencoderKLFlux2:
 
 def make_tiny_flux2(size: str = "test", seed: int = 0) -> Flux2Pipeline:
     """FLUX.2-dev style: Mistral3 text encoder (30 narrow layers; hidden states 10, 20, 30 stacked)."""
-    _check_size("tiny-flux2", size)
+    check_size("tiny-flux2", size)
     tokenizer = te.make_mistral_tokenizer()
     width = 16 if size == "test" else 64
-    text_encoder = _seeded(
-        seed, Mistral3ForConditionalGeneration, te.mistral3_config(tokenizer, width, 30, 2)
-    )
+    text_encoder = seeded(seed, Mistral3ForConditionalGeneration, te.mistral3_config(tokenizer, width, 30, 2))
     vae = _flux2_vae(size, seed)
     transformer = _flux2_transformer(size, seed, 4 * vae.config.latent_channels, width, guidance=True)
     scheduler = FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER)
@@ -227,10 +225,10 @@ def make_tiny_flux2(size: str = "test", seed: int = 0) -> Flux2Pipeline:
 
 def make_tiny_flux2_klein(size: str = "test", seed: int = 0) -> Flux2KleinPipeline:
     """FLUX.2 [klein] base style: Qwen3 text encoder (27 narrow layers), true CFG (not distilled)."""
-    _check_size("tiny-flux2-klein", size)
+    check_size("tiny-flux2-klein", size)
     tokenizer = te.make_qwen_tokenizer()
     width = 16 if size == "test" else 64
-    text_encoder = _seeded(seed, Qwen3ForCausalLM, te.qwen3_config(tokenizer, width, 27, 2))
+    text_encoder = seeded(seed, Qwen3ForCausalLM, te.qwen3_config(tokenizer, width, 27, 2))
     vae = _flux2_vae(size, seed)
     transformer = _flux2_transformer(size, seed, 4 * vae.config.latent_channels, width, guidance=False)
     scheduler = FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER)
@@ -241,13 +239,13 @@ def make_tiny_flux2_klein(size: str = "test", seed: int = 0) -> Flux2KleinPipeli
 
 def make_tiny_sd3(size: str = "test", seed: int = 0) -> StableDiffusion3Pipeline:
     """Stable Diffusion 3 style: MMDiT, two projected CLIP encoders + T5 (as wide as both CLIPs)."""
-    _check_size("tiny-sd3", size)
+    check_size("tiny-sd3", size)
     tokenizer, tokenizer_2 = make_clip_tokenizer(), make_clip_tokenizer()
-    clip = _seeded(seed, CLIPTextModelWithProjection, _text_config(tokenizer, **_CLIP[size]))
-    clip_2 = _seeded(seed, CLIPTextModelWithProjection, _text_config(tokenizer_2, **_CLIP[size]))
+    clip = seeded(seed, CLIPTextModelWithProjection, text_config(tokenizer, **_CLIP[size]))
+    clip_2 = seeded(seed, CLIPTextModelWithProjection, text_config(tokenizer_2, **_CLIP[size]))
     t5_tokenizer = te.make_t5_tokenizer(model_max_length=256)
     t5_width = 2 * _CLIP[size]["hidden"]  # SD3 pads the concatenated CLIP states to T5's width
-    t5 = _seeded(seed, T5EncoderModel, te.t5_config(t5_tokenizer, t5_width, _TEXT[size]["layers"], 2))
+    t5 = seeded(seed, T5EncoderModel, te.t5_config(t5_tokenizer, t5_width, _TEXT[size]["layers"], 2))
     vae = _kl_vae(size, seed, 16 if size == "bench" else 4, use_quant_conv=False, use_post_quant_conv=False,
                   scaling_factor=1.5305, shift_factor=0.0609)  # fmt: skip
     inner = _HEADS[size]["num_attention_heads"] * _HEADS[size]["attention_head_dim"]
@@ -266,14 +264,14 @@ def make_tiny_sd3(size: str = "test", seed: int = 0) -> StableDiffusion3Pipeline
 
 def make_tiny_sana(size: str = "test", seed: int = 0) -> SanaPipeline:
     """Sana style: linear-attention DiT, Gemma 2 text encoder, deep-compression autoencoder (DC-AE)."""
-    _check_size("tiny-sana", size)
+    check_size("tiny-sana", size)
     tokenizer = te.make_gemma_tokenizer()
-    text_encoder = _seeded(seed, Gemma2Model, te.gemma2_config(tokenizer, **_TEXT[size]))
+    text_encoder = seeded(seed, Gemma2Model, te.gemma2_config(tokenizer, **_TEXT[size]))
     channels = _KL_BLOCKS[size]
     stages = len(channels)
     kinds = ("ResBlock",) * (stages - 1) + ("EfficientViTBlock",)
     scales = ((),) * (stages - 1) + ((5,),)
-    vae = _seeded(
+    vae = seeded(
         seed, AutoencoderDC, in_channels=3, latent_channels=16 if size == "bench" else 4, attention_head_dim=8,
         encoder_block_types=kinds, decoder_block_types=kinds, encoder_block_out_channels=channels,
         decoder_block_out_channels=channels, encoder_layers_per_block=(1,) * stages,
@@ -293,7 +291,7 @@ def make_tiny_sana(size: str = "test", seed: int = 0) -> SanaPipeline:
 
 def make_tiny_pixart_sigma(size: str = "test", seed: int = 0) -> PixArtSigmaPipeline:
     """PixArt-Sigma style: epsilon (and learned variance) DiT with T5 cross-attention, SD-style VAE."""
-    _check_size("tiny-pixart-sigma", size)
+    check_size("tiny-pixart-sigma", size)
     tokenizer, t5 = _t5(size, seed, 300)
     vae = _kl_vae(size, seed, 4, scaling_factor=0.13025)
     inner = _HEADS[size]["num_attention_heads"] * _HEADS[size]["attention_head_dim"]
@@ -308,14 +306,14 @@ def make_tiny_pixart_sigma(size: str = "test", seed: int = 0) -> PixArtSigmaPipe
 
 def make_tiny_qwen_image(size: str = "test", seed: int = 0) -> QwenImagePipeline:
     """Qwen-Image style: MMDiT over a Qwen2.5-VL text encoder (text only), Qwen-Image (Wan-like) VAE."""
-    _check_size("tiny-qwen-image", size)
+    check_size("tiny-qwen-image", size)
     tokenizer = te.make_qwen_tokenizer(vision=True)
-    text_encoder = _seeded(
+    text_encoder = seeded(
         seed, Qwen2_5_VLForConditionalGeneration, te.qwen2_5_vl_config(tokenizer, **_TEXT[size])
     )
     z_dim = 16 if size == "bench" else 4
     stages = len(_KL_BLOCKS[size]) - 1  # spatial downsampling by 2 per temporal-downsample flag
-    vae = _seeded(
+    vae = seeded(
         seed, AutoencoderKLQwenImage, base_dim=16, z_dim=z_dim, dim_mult=[1, 2, 4, 4][: stages + 1], num_res_blocks=1,
         temperal_downsample=[False, True, True][:stages], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
     )  # fmt: skip
@@ -330,12 +328,12 @@ def make_tiny_qwen_image(size: str = "test", seed: int = 0) -> QwenImagePipeline
 
 def make_tiny_zimage(size: str = "test", seed: int = 0) -> ZImagePipeline:
     """Z-Image style: single-stream DiT with noise and caption refiners over a Qwen3 text encoder."""
-    _check_size("tiny-zimage", size)
+    check_size("tiny-zimage", size)
     tokenizer = te.make_qwen_tokenizer()
-    text_encoder = _seeded(seed, Qwen3Model, te.qwen3_config(tokenizer, **_TEXT[size]))
+    text_encoder = seeded(seed, Qwen3Model, te.qwen3_config(tokenizer, **_TEXT[size]))
     vae = _kl_vae(size, seed, 16, scaling_factor=0.3611, shift_factor=0.1159)
     heads, head_dim = _HEADS[size]["num_attention_heads"], _HEADS[size]["attention_head_dim"]
-    transformer = _seeded(
+    transformer = seeded(
         seed, ZImageTransformer2DModel, in_channels=16, dim=heads * head_dim, n_layers=_LAYERS["zimage"][size],
         n_refiner_layers=1, n_heads=heads, n_kv_heads=heads, cap_feat_dim=text_encoder.config.hidden_size,
         axes_dims=list(_AXES[size]), axes_lens=[1024, 128, 128],

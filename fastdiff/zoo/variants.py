@@ -2,12 +2,12 @@
 
 Each variant is the diffusers pipeline class over the base tiny pipeline's components (``from_pipe``), plus a
 ControlNet (``ControlNetModel.from_unet``) or a T2I-Adapter sized to the UNet where the variant needs one.
-``fastdiff.eval.bench.make_inputs`` gives a call's arguments, synthetic images included (the pipeline facts
+``fastdiff.core.inputs.make_inputs`` gives a call's arguments, synthetic images included (the pipeline facts
 say which arguments take images).
 
 Example::
 
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
     from fastdiff.zoo.variants import make_variant
 
     pipe = make_variant("tiny-sd-controlnet", "test")
@@ -40,7 +40,10 @@ from diffusers import (
     StableDiffusionXLInpaintPipeline,
     T2IAdapter,
 )
-from diffusers.utils import logging as diffusers_logging
+
+from fastdiff.core.siblings import sibling
+from fastdiff.zoo.tiny_base import PIPELINE_MAKERS
+from fastdiff.zoo.tiny_flow import make_flow_pipeline
 
 # variant name -> (base tiny model, pipeline class, extra model: None | "controlnet" | "adapter")
 VARIANTS = {
@@ -94,12 +97,15 @@ def _adapter(unet, seed: int, vae_factor: int) -> T2IAdapter:
 
 def make_variant(name: str, size: str = "test", seed: int = 0, base=None):
     """Variant ``name`` (a key of ``VARIANTS``) over ``base`` (a tiny pipeline; built if None), sharing its components."""
-    from fastdiff.zoo.tiny import make_pipeline
-
     if name not in VARIANTS:
         raise ValueError(f"unknown pipeline variant {name!r}; available: {', '.join(VARIANTS)}")
     base_name, cls, extra = VARIANTS[name]
-    base = base if base is not None else make_pipeline(base_name, size, seed)
+    if base is None:
+        base = (
+            PIPELINE_MAKERS[base_name](size, seed)
+            if base_name in PIPELINE_MAKERS
+            else make_flow_pipeline(base_name, size, seed)
+        )
     factor = base.vae_scale_factor
     kwargs = {}
     if extra == "controlnet" and hasattr(base, "transformer"):
@@ -111,16 +117,3 @@ def make_variant(name: str, size: str = "test", seed: int = 0, base=None):
     pipe = sibling(base, cls, **kwargs)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def sibling(pipe, cls=None, **components):
-    """``cls.from_pipe(pipe, **components)`` (default: the same class): a pipeline sharing ``pipe``'s modules."""
-    level = diffusers_logging.get_verbosity()
-    diffusers_logging.set_verbosity_error()  # from_pipe warns about dtype casts it does not make here
-    try:
-        twin = (cls or type(pipe)).from_pipe(pipe, **components)
-    finally:
-        diffusers_logging.set_verbosity(level)
-    if "default_sample_size" in pipe.__dict__:  # a tiny build's own default size (fastdiff.zoo.tiny_flow)
-        twin.default_sample_size = pipe.default_sample_size
-    return twin
