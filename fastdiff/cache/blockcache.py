@@ -157,12 +157,6 @@ class _Reuse(ModelHook):
         return output
 
 
-def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    facts = denoiser_facts(model, "blockcache")
-    blocks = [b for name in facts.blocks for b in getattr(model, name)]
-    return blocks[0], blocks[-1]
-
-
 @register
 @dataclass(frozen=True)
 class BlockCache(Accelerator):

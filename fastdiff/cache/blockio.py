@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from fastdiff.core.models import denoiser_facts
+
+
+def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The first and last transformer blocks of a denoiser (its facts name the block lists)."""
+    facts = denoiser_facts(model, "blockcache")
+    blocks = [b for name in facts.blocks for b in getattr(model, name)]
+    return blocks[0], blocks[-1]
+
 
 def hidden_in(io, args, kwargs) -> torch.Tensor:
     return io._get_parameter_from_args_kwargs(io.hidden_states_argument_name, args, kwargs)

@@ -109,7 +109,7 @@ def fit_rescaling(fp, calls: list[dict], degree: int = 4) -> dict:
     Records, per step after the first, the relative change of the first block's modulated input and of the
     blocks' residual, and fits ``np.polyfit`` of the second on the first. Returns the JSON-ready fit.
     """
-    from fastdiff.cache.blockcache import first_and_last_blocks
+    from fastdiff.cache.blockio import first_and_last_blocks
     from fastdiff.core.hooks import install_hook
     from fastdiff.core.models import block_io
 

@@ -41,9 +41,9 @@ def run(args) -> dict:
     import torch
 
     from fastdiff.cache.teacache import fit_rescaling
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
+    from fastdiff.core.inputs import make_inputs
     from fastdiff.core.pipeline import FastPipeline
-    from fastdiff.eval.bench import make_inputs
 
     if args.steps < 3 or args.calls < 1 or args.degree < 1:
         raise ValueError(

@@ -26,7 +26,7 @@ def cmd_train_classifier(args) -> Path:
     import torch
     from diffusers import DDPMScheduler
 
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
     from fastdiff.core.models import DENOISER_ATTRS
     from fastdiff.guidance.noisy_classifier import save_noisy_classifier, train_noisy_classifier
 

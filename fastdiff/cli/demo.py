@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastdiff.cli.main import cache_dir
+from fastdiff.cli.resolve import cache_dir
 from fastdiff.eval.bench import format_table, run_bench
 
 DEMO_CONFIGS = [

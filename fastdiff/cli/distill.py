@@ -19,7 +19,7 @@ from fastdiff.cli.args import FINITE, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE
 
 
 def _teacher(args) -> Path:
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
 
     return resolve_model(args.teacher, args.size)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import sys
 from pathlib import Path
 
+import fastdiff
 from fastdiff.cli.args import (
     FINITE,
     NON_NEGATIVE,
@@ -29,49 +29,7 @@ from fastdiff.cli.args import (
     error_exit,
     named_specs,
 )
-
-
-def cache_dir() -> Path:
-    """Where zoo models named on the command line are built: $FASTDIFF_CACHE or ~/.cache/fastdiff."""
-    return Path(os.environ.get("FASTDIFF_CACHE", Path.home() / ".cache" / "fastdiff"))
-
-
-def resolve_model(model: str, size: str = "bench") -> Path:
-    """A pipeline directory, or a zoo name built (once) into the cache."""
-    try:
-        path = Path(model).expanduser()
-        exists = path.exists()
-    except (RuntimeError, OSError, ValueError):  # ~unknown-user, a name too long for the file system
-        exists = False
-    if exists:
-        return path
-    from fastdiff import zoo
-
-    if model not in zoo.available():
-        raise SystemExit(
-            f"error: {model!r} is neither a directory nor a zoo model ({', '.join(zoo.available())})"
-        )
-    target = cache_dir() / f"{model}-{size}"
-    from fastdiff.zoo.shipped import install, is_installed, shipped_models
-
-    if size == "bench" and model in shipped_models():
-        if not is_installed(target, model):  # first use, or a stale/damaged copy: the shipped files, checked
-            install(target, model)
-        return target
-    if not (target / "model_index.json").is_file():
-        print(f"building zoo model {model} ({size}) into {target} ...", file=sys.stderr)
-        zoo.build(model, target, size=size)
-    return target
-
-
-def _parse_configs(items: list[str]) -> list[tuple[str, str]]:
-    configs = []
-    for item in items:
-        name, sep, specs = item.partition("=")
-        if not sep or not name.strip():
-            raise SystemExit(f"error: --config expects NAME=SPECS, got {item!r}")
-        configs.append((name.strip(), specs))
-    return configs
+from fastdiff.cli.resolve import cache_dir, parse_configs, resolve_model  # noqa: F401  (cache_dir: re-exported)
 
 
 def cmd_zoo(args) -> None:
@@ -117,7 +75,7 @@ def cmd_bench(args) -> None:
     from fastdiff.eval.bench import format_table, run_bench
 
     result = run_bench(
-        resolve_model(args.model, args.size), _parse_configs(args.config), steps=args.steps, runs=args.runs,
+        resolve_model(args.model, args.size), parse_configs(args.config), steps=args.steps, runs=args.runs,
         seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
         guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
         warmup=not args.no_warmup, devices=args.devices,
@@ -164,7 +122,7 @@ def cmd_profile(args) -> None:
     import torch
 
     from fastdiff import FastPipeline
-    from fastdiff.eval.bench import make_inputs
+    from fastdiff.core.inputs import make_inputs
     from fastdiff.eval.profile import format_split, profile_call
 
     if args.threads:
@@ -214,6 +172,7 @@ def cmd_demo(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fastdiff", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fastdiff-accel {fastdiff.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     zoo = sub.add_parser("zoo", help="build offline models")

@@ -61,7 +61,7 @@ def run(args) -> dict:
     """Tune, write ``args.out``, print the objective log; returns the written schedule as a dict."""
     import torch
 
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
     from fastdiff.core.pipeline import FastPipeline
     from fastdiff.schedulers.tuned import untunable_reason
     from fastdiff.schedulers.tuning import tune

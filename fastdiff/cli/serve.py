@@ -89,7 +89,7 @@ def read_token(path: str | None) -> str | None:
 
 
 def run(args) -> None:
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
     from fastdiff.serving import Limits, ServeConfig
 
     profiles = parse_profiles(args.profile)

@@ -51,7 +51,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     """Run the driver, print s/image and the XLA metrics; returns the result (images included)."""
-    from fastdiff.cli.main import resolve_model
+    from fastdiff.cli.resolve import resolve_model
     from fastdiff.core.registry import AcceleratorError
     from fastdiff.xla.infer import report, save, tpu_infer
 

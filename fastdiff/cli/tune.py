@@ -61,13 +61,13 @@ def run(args) -> dict:
     """Tune, print the answer and the frontier, write ``args.out``; returns the result dict."""
     import yaml
 
-    from fastdiff.cli.main import _parse_configs, cache_dir, resolve_model
+    from fastdiff.cli.resolve import cache_dir, parse_configs, resolve_model
     from fastdiff.tune import load_space, parse_budgets, side_by_side, tune
     from fastdiff.tune.space import default_space, family_of
 
     budgets = parse_budgets(args.budget)  # bad budgets fail before any model is loaded
     space = load_space(args.space, args.baseline) if args.space else None
-    compare = _parse_configs(args.compare)
+    compare = parse_configs(args.compare)
     model = resolve_model(args.model, args.size)
     if args.print_space:
         if space is None:
