@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint clean test-xla fuzz-server soak
+.PHONY: venv demo test lint clean test-xla fuzz-server soak wheel docs
 
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -55,9 +55,21 @@ test-xla: $(XLA_VENV)/.installed
 	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "not tpu_infer_driver"
 	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "tpu_infer_driver"
 
+# The wheel and sdist in dist/, checked: metadata and README rendering (twine), the wheel's file list
+# (check-wheel-contents: no duplicate files, no stray top-level modules, every package in it)
+wheel: venv
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/twine check dist/*
+	$(BIN)/check-wheel-contents dist/*.whl
+
+# The documentation site in site/ (mkdocs.yml); --strict fails on broken links and API references
+docs: venv
+	$(BIN)/mkdocs build --strict
+
 lint: venv
 	$(BIN)/ruff check fastdiff tests benchmarks
 	$(BIN)/ruff format --check fastdiff tests benchmarks
 
 clean:
-	rm -rf $(VENV) .fastdiff-cache out
+	rm -rf $(VENV) .fastdiff-cache out dist site

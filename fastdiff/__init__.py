@@ -7,6 +7,9 @@ Example::
     images = fp(prompt="a watercolor fox").images
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
 from fastdiff.core import (
     Accelerator,
     AcceleratorError,
@@ -19,7 +22,10 @@ from fastdiff.core import (
     register,
 )
 
-__version__ = "0.1.0"
+try:
+    __version__ = _installed_version("fastdiff-accel")  # the installed distribution's metadata
+except PackageNotFoundError:  # a source tree on sys.path, not installed: pyproject.toml's version
+    __version__ = "0.1.0"
 
 # fastdiff's own pipelines; importing them registers their classes with diffusers, so that
 # DiffusionPipeline.from_pretrained loads saved fastdiff pipelines after `import fastdiff`.
