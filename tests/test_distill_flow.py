@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fastdiff import FastPipeline  # noqa: E402
+from fastdiff.cli.main import main  # noqa: E402
 from fastdiff.distill.common import DistillError, load_student  # noqa: E402
 from fastdiff.distill.consistency import consistency  # noqa: E402
 from fastdiff.distill.flow import flow_grid  # noqa: E402
@@ -62,11 +63,16 @@ def test_students_of_a_flow_teacher(teacher, tmp_path):
         progressive(teacher, out, start=4, end=2, steps_per_round=4, batch=2, pool=4, guidance=3.0)
 
 
-def test_refusals_on_flow_teachers(teacher, tmp_path):
+def test_refusals_on_flow_teachers(teacher, tmp_path, capsys):
     with pytest.raises(DistillError, match="flow-matching model.*distill progressive"):
         consistency(teacher, tmp_path / "lcm", train_steps=1)
     with pytest.raises(DistillError, match="--pool"):
         progressive(teacher, tmp_path / "p", start=4, end=2, batch=8, pool=4)
+    with pytest.raises(SystemExit) as cli:  # the command line: exit 2, one line naming the option
+        main(["distill", "progressive", str(teacher), str(tmp_path / "p"), "--from", "4", "--to", "2",
+              "--batch", "8", "--pool", "4"])  # fmt: skip
+    assert cli.value.code == 2
+    assert "--pool (4) must hold at least one batch (8)" in capsys.readouterr().err
     flux = build("tiny-flux", tmp_path / "flux", size="test")
     with pytest.raises(DistillError, match="use_dynamic_shifting"):
         progressive(flux, tmp_path / "flux-prog", start=4, end=2, batch=2, pool=2, steps_per_round=1)

@@ -3,6 +3,7 @@
 Examples::
 
     fastdiff distill progressive TEACHER OUT --from 32 --to 1 --steps-per-round 1000
+    fastdiff distill progressive digits-flow OUT --from 32 --to 4 --guidance 4 --pool 256   # a flow model
     fastdiff distill consistency TEACHER OUT --skip 20 --guidance-range 2
     fastdiff distill consistency TEACHER OUT --lora 16        # OUT: adapter for lcm-lora(path=OUT)
 
@@ -30,7 +31,8 @@ def cmd_progressive(args) -> None:
     report = progressive(_teacher(args), args.out, start=args.start, end=args.end,
                          steps_per_round=args.steps_per_round, batch=args.batch, lr=args.lr,
                          guidance=args.guidance, resume=args.resume, seed=args.seed, save_every=args.save_every,
-                         accumulate=args.accumulate, gradient_checkpointing=args.gradient_checkpointing)  # fmt: skip
+                         accumulate=args.accumulate, gradient_checkpointing=args.gradient_checkpointing,
+                         pool=args.pool)  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
     print(f"students in {args.out}/steps-N; load one with fastdiff.distill.common.load_student(DIR)")
 
@@ -49,7 +51,9 @@ def cmd_consistency(args) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("teacher", help="pipeline directory (UNet2DModel / UNet2DConditionModel) or zoo name")
+    p.add_argument(
+        "teacher", help="pipeline directory (a UNet; progressive also a flow-matching model) or zoo name"
+    )
     p.add_argument("out", help="output directory (must not exist, unless --resume of the same command)")
     p.add_argument(
         "--size", default="bench", choices=["test", "bench"], help="zoo size when TEACHER is a name"
@@ -76,6 +80,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--to", dest="end", type=POSITIVE, default=1, help="last student's steps (power of two)"
     )
     prog.add_argument("--steps-per-round", type=POSITIVE, default=1000, help="optimizer steps per halving")
+    prog.add_argument("--pool", type=POSITIVE, default=256,
+                      help="flow-matching teachers: how many of the teacher's own samples to train on")  # fmt: skip
     prog.add_argument(
         "--guidance", type=FINITE, default=None, help="guidance scale baked in (default 1: none)"
     )
