@@ -36,4 +36,14 @@ def build(name: str, out_dir: str | Path, size: str = "test", seed: int = 0) -> 
 
 def _load_builders() -> None:
     # Importing the modules runs their @register_model decorators.
-    from fastdiff.zoo import gmm, gmm_flow, reference, reference_flow, reference_sd, tiny, tiny_flow  # noqa: F401
+    # full_size: sd15, sdxl, dit-xl-2 and sd35-medium at their published layouts (size "full")
+    from fastdiff.zoo import (  # noqa: F401
+        full_size,
+        gmm,
+        gmm_flow,
+        reference,
+        reference_flow,
+        reference_sd,
+        tiny,
+        tiny_flow,
+    )
