@@ -16,6 +16,7 @@ from fastdiff.eval.quality import digits_sd_quality, model_prompts
 from fastdiff.zoo import ZOO, available
 from fastdiff.zoo.digit_captions import bench_prompts
 from fastdiff.zoo.reference_flow import (
+    DEFAULT_GUIDANCE,
     MAX_SEQUENCE_LENGTH,
     MultiplicityJointAttnProcessor,
     build_reference_flow,
@@ -52,6 +53,21 @@ def test_toy_build_reloads_as_an_sd3_pipeline_without_t5_and_generates_finite_di
     report = json.loads((toy / "eval" / "report.json").read_text())
     assert report["kind"] == "digits-flow" and report["transformer"]["steps"] == 4
     assert report["max_sequence_length"] == MAX_SEQUENCE_LENGTH
+
+
+def test_bench_and_server_use_the_models_own_guidance(toy):
+    """eval/prompts.json records the guidance digits-flow is benchmarked at; `fastdiff bench` and the server's
+    default take it instead of the SD3 pipeline's own default (7.0); an explicit value still wins."""
+    from fastdiff import FastPipeline
+    from fastdiff.core.inputs import make_inputs
+    from fastdiff.serving.engine import Engine
+
+    pipe = DiffusionPipeline.from_pretrained(
+        str(toy), **null_components(toy)
+    )  # not the shared one: hooks stay
+    assert make_inputs(pipe, 2)["guidance_scale"] == DEFAULT_GUIDANCE != 7.0
+    assert make_inputs(pipe, 2, guidance=1.5)["guidance_scale"] == 1.5
+    assert Engine(FastPipeline(pipe), {}).default_guidance == DEFAULT_GUIDANCE
 
 
 def test_training_context_is_the_pipelines_256_zero_tokens_exactly(pipe):

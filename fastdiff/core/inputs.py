@@ -47,10 +47,12 @@ def make_inputs(
         kwargs = {"class_labels": [i % facts.num_classes for i in range(batch)]}
     else:
         kwargs = {"batch_size": batch}
+    if guidance is None:  # the model's own bench guidance (digits-flow), else the pipeline's default
+        guidance = model_eval_settings(pipe).get("guidance", facts.default_guidance)
     if facts.cfg_layout:
-        kwargs["guidance_scale"] = facts.default_guidance if guidance is None else guidance
+        kwargs["guidance_scale"] = guidance
     elif facts.cfg_sequence:  # true CFG (Flux, Qwen-Image) runs only with a negative prompt
-        kwargs[facts.guidance_arg] = facts.default_guidance if guidance is None else guidance
+        kwargs[facts.guidance_arg] = guidance
         takes_negative = "negative_prompt" in inspect.signature(pipe.__call__).parameters
         if kwargs[facts.guidance_arg] > facts.cfg_above and takes_negative:
             kwargs["negative_prompt"] = [" "] * batch
@@ -95,6 +97,16 @@ def pipeline_directory(pipe) -> Path:
     return Path(path)
 
 
+def model_eval_settings(pipe) -> dict:
+    """What a model directory's ``eval/prompts.json`` says about benchmarking it: ``bench_prompts`` (digits-sd,
+    digits-flow) and optionally ``guidance`` (digits-flow); {} for other models and in-memory pipelines."""
+    try:
+        path = pipeline_directory(pipe) / "eval" / "prompts.json"
+    except ValueError:  # an in-memory pipeline
+        return {}
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def model_prompts(pipe) -> list[str] | None:
     """The benchmark prompts a model ships in ``eval/prompts.json`` (digits-sd), or None.
 
@@ -102,8 +114,4 @@ def model_prompts(pipe) -> list[str] | None:
 
         model_prompts(StableDiffusionPipeline.from_pretrained("/tmp/digits-sd"))[:2]  # ['a handwritten zero', ...]
     """
-    try:
-        path = pipeline_directory(pipe) / "eval" / "prompts.json"
-    except ValueError:  # an in-memory pipeline
-        return None
-    return json.loads(path.read_text())["bench_prompts"] if path.is_file() else None
+    return model_eval_settings(pipe).get("bench_prompts")

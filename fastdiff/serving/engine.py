@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from fastdiff.core.calls import StepLimit
+from fastdiff.core.inputs import model_eval_settings
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.spec import parse
@@ -64,7 +65,8 @@ class Engine:
                 "models (prompt) and class-conditional models (label)"
             )
         self.kind = "prompt" if facts.inputs == "prompt" else "label"
-        self.default_guidance = facts.default_guidance
+        # the model's own bench guidance where its directory records one (digits-flow), else the pipeline's
+        self.default_guidance = model_eval_settings(fp.pipe).get("guidance", facts.default_guidance)
         self.profiles: dict[str, str] = {}
         self.step_limits: dict[str, StepLimit] = {}  # what the library allows under each profile
         for name, specs in profiles.items():

@@ -271,7 +271,9 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
         return None
     pipe.register_modules(transformer=transformer)
     pipe.save_pretrained(out)
-    (out / "eval" / "prompts.json").write_text(json.dumps({"bench_prompts": bench_prompts()}, indent=1))
+    # the bench prompts and the guidance `fastdiff bench` uses for this model (``core.inputs.make_inputs``)
+    settings = {"bench_prompts": bench_prompts(), "guidance": DEFAULT_GUIDANCE}
+    (out / "eval" / "prompts.json").write_text(json.dumps(settings, indent=1))
     report = {"kind": "digits-flow", "seed": seed, "transformer": report, "scaling_factor": scale,
               "shift_factor": shift, "max_sequence_length": MAX_SEQUENCE_LENGTH,
               "default_guidance": DEFAULT_GUIDANCE}  # fmt: skip
