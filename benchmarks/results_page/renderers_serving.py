@@ -124,6 +124,33 @@ def r_wrapper(d: dict) -> str:
     )
 
 
+def r_host_cost(d: dict) -> str:
+    identity = d["identity"]
+    head = (
+        f"Identity denoiser (a real `StableDiffusionPipeline` whose UNet costs nothing), no accelerator: "
+        f"**{identity['added_us_per_step']:+.1f} us per step** added by the wrapper, "
+        f"{identity['added_us_per_call']:+.0f} us per call (target: {d['targets_us_per_step']['no accelerator']} us "
+        "per step).\n\n"
+    )
+    rows = table(
+        [
+            ("model", lambda r: r["model"]),
+            ("accelerators", lambda r: code(r["spec"])),
+            ("fastdiff's Python per step", lambda r: f"{r['us_per_step']:.0f} us"),
+        ],  # fmt: skip
+        d["accelerators"],
+    )
+    return (
+        head
+        + rows
+        + (
+            "\n\nPer accelerator: cProfile time in functions defined under `fastdiff/` per step (16- minus 8-step "
+            "call), an upper bound: profiling inflates it, and tensor arithmetic written as operators inside those "
+            "functions counts (computing on the CPU; on a GPU it only launches)."
+        )
+    )
+
+
 def r_compat(d: dict) -> str:
     cells = d["cells"]
     variants = list(dict.fromkeys(c["variant"] for c in cells))
@@ -185,6 +212,13 @@ SECTIONS: dict[str, Section] = {
         "`benchmarks/wrapper_overhead.py`",
         "Raw diffusers against FastPipeline with no accelerator.",
         r_wrapper,
+    ),
+    "host_cost": Section(
+        GROUPS[9],
+        "Host time per step",
+        "`benchmarks/host_cost.py`",
+        "What the wrapper and each accelerator add on the host per denoising step.",
+        r_host_cost,
     ),
     "compat": Section(
         GROUPS[9],
