@@ -77,7 +77,7 @@ def test_bad_budgets_name_the_problem(text, problem):
 
 
 def test_default_spaces_load_and_enumerate():
-    for family in ("digits", "unet", "dit", "samplers"):
+    for family in ("digits", "unet", "dit", "flow", "samplers"):
         space = load_space(default_space(family))
         candidates, _ = space.candidates(cfg=True)
         assert candidates and space.baseline not in candidates
@@ -254,3 +254,20 @@ def test_backfill_when_no_survivor_holds(digits, tmp_path):
     assert result["baseline"]["accuracy"] == 1.0
     assert any(m["accuracy"] == 1.0 for m in full) and result["best"]["spec"] != result["baseline"]["spec"]
     assert result["best"]["accuracy"] == 1.0 and result["best"]["speedup"] > 1
+
+
+def test_flow_models_get_the_flow_space_and_every_candidate_applies():
+    """A flow-matching transformer tunes over flow presets and block caches (the DiT space's noise presets would
+    be refused on it); every candidate of that space applies to an SD3 pipeline and removes cleanly."""
+    from fastdiff import FastPipeline
+    from fastdiff.tune.space import family_of
+    from fastdiff.zoo.tiny_flow import make_flow_pipeline
+
+    fp = FastPipeline(make_flow_pipeline("tiny-sd3"))
+    assert family_of(fp.pipe) == "flow"
+    space = load_space(default_space("flow"))
+    candidates, _ = space.candidates(cfg=True)
+    assert len(candidates) > 100 and all("flow-" in c for c in candidates)
+    for spec in [space.baseline, *candidates]:
+        fp.accelerate(spec).remove()
+        assert not fp.accelerators, spec

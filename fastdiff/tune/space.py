@@ -77,6 +77,22 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
         },
         "settings": {"images": None, "rungs": None, "eta": 3},
     },
+    "flow": {  # flow-matching transformers (SD3, Flux, digits-flow): flow presets, block caches
+        "baseline": "scheduler(name=flow-euler,steps=28)",
+        "samplers": ["flow-euler", "flow-dpm++2m", "flow-unipc"],
+        "steps": [4, 6, 8, 10, 14, 20],
+        "axes": {
+            "cache": [
+                "",
+                "blockcache(mode=interval,interval=2)",
+                "blockcache(mode=teacache,threshold=0.12)",
+                "forecast(order=1,interval=2,warmup=2)",
+                "forecast(order=1,interval=3,warmup=3)",
+            ],  # fmt: skip
+            "guidance": CFG_WINDOWS,
+        },
+        "settings": {"images": None, "rungs": None, "eta": 3},
+    },
     "samplers": {  # models without skip branches or blocks to cache (e.g. the exact-score GMM)
         "baseline": "scheduler(name=dpm++2m,steps=20)",
         "samplers": ["dpm++2m", "dpm++2m-karras", "unipc", "deis", "ddim", "euler"],
@@ -114,19 +130,21 @@ class SpaceError(ValueError):
 
 
 def default_space(family: str) -> dict[str, Any]:
-    """A copy of the default space of a model family (``digits``, ``unet``, ``dit``, ``samplers``)."""
+    """A copy of the default space of a model family (``digits``, ``unet``, ``dit``, ``flow``, ``samplers``)."""
     if family not in DEFAULT_SPACES:
         raise SpaceError(f"no default space for family {family!r}; known: {', '.join(DEFAULT_SPACES)}")
     return copy.deepcopy(DEFAULT_SPACES[family]) | {"family": family}
 
 
 def family_of(pipe) -> str:
-    """The default-space family of a diffusers pipeline: digits, dit, unet or samplers."""
-    from fastdiff.core.models import find_denoiser
+    """The default-space family of a diffusers pipeline: digits, flow, dit, unet or samplers."""
+    from fastdiff.core.models import find_denoiser, model_prediction
 
     if type(pipe).__name__ == "ClassConditionalPipeline":
         return "digits"
     name, denoiser = find_denoiser(pipe)
+    if name == "transformer" and model_prediction(pipe.scheduler) == "flow":
+        return "flow"
     if name == "transformer":
         return "dit"
     if "UNet" in type(denoiser).__name__:
