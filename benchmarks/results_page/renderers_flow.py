@@ -73,11 +73,22 @@ def r_digits_flow_build(d: dict) -> str:
         d["rows"],
     )
     target = d.get("target", {})
-    return rows + (
+    met = ", ".join(f"guidance {k}: {'yes' if v else 'no'}" for k, v in target.get("met", {}).items())
+    text = (
         f"\n\nTraining: {t.get('steps')} steps in {t.get('seconds', 0) / 60:.0f} min, loss {t.get('loss_first', 0):.2f} ->"
         f" {t.get('loss_last', 0):.2f}. Target: accuracy >= {pct(target.get('accuracy_min'), 0)} and FD <= {target.get('fd_max')};"
-        f" met: {', '.join(f'guidance {k}: {v}' for k, v in target.get('met', {}).items())}."
+        f" met: {met}."
     )
+    if d.get("default_guidance") is not None:
+        text += f" The model's bench guidance (`eval/prompts.json`): {d['default_guidance']:g}."
+    shorter = d.get("shorter_build")
+    if shorter:
+        text += (
+            f" A {shorter['steps']}-step build of the same model and schedule: "
+            + ", ".join(f"FD {r['fd']:.2f} at guidance {r['guidance']:g}" for r in shorter["rows"])
+            + " (500 images)."
+        )
+    return rows + text
 
 
 def r_teacache_fit(d: dict) -> str:
