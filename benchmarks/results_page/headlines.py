@@ -9,14 +9,16 @@ from typing import Any
 from .format import db, find, fx, pct, rel, table
 
 
+def _compared(c: dict, base: dict, speed: str, model: str, label: str = "without") -> tuple[str, str, str]:
+    """A headline: the speed figure, and the config's accuracy / FD next to its baseline's."""
+    quality = f"{pct(c['accuracy'])} / FD {c['fd']:.2f} ({label}: {pct(base['accuracy'])} / {base['fd']:.2f})"
+    return speed, quality, model
+
+
 def h_scheduler(r):
     d = r["reference_shipped_g1"]["configs"]
     base, c = find(d, "name", "ddim50"), find(d, "name", "dpm++2m20")
-    return (
-        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (dpm++2m 20)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (dpm++2m 20)", "digits", "DDIM 50")
 
 
 def h_schedule(r):
@@ -32,31 +34,19 @@ def h_schedule(r):
 def h_deepcache(r):
     d = r["cache_digits"]["configs"]
     base, c = d[0], find(d, "specs", "scheduler(name=dpm++2m,steps=20);deepcache(interval=3,branch=0)")
-    return (
-        f"{fx(c['cpu_speedup'])} (interval 3)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'])} (interval 3)", "digits")
 
 
 def h_blockcache(r):
     d = r["flow_caching"]["rows"]
     base, c = d[0], find(d, "name", "fd-teacache-0.12")
-    return (
-        f"{fx(c['speedup'])} (teacache 0.12)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits-flow",
-    )
+    return _compared(c, base, f"{fx(c['speedup'])} (teacache 0.12)", "digits-flow")
 
 
 def h_forecast(r):
     d = r["flow_caching"]["rows"]
     base, c = d[0], find(d, "name", "fd-forecast-3")
-    return (
-        f"{fx(c['speedup'])} (order 1, interval 3)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits-flow",
-    )
+    return _compared(c, base, f"{fx(c['speedup'])} (order 1, interval 3)", "digits-flow")
 
 
 def h_promptcache(r):
@@ -72,11 +62,7 @@ def h_promptcache(r):
 def h_cfg_interval(r):
     d = r["digits_sd"]["configs"]
     base, c = d[0], find(d, "name", "cfg-interval 0.2-0.8")
-    return (
-        f"{fx(c['cpu_speedup'])} (window 0.2-0.8)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits-sd",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'])} (window 0.2-0.8)", "digits-sd")
 
 
 def h_classifier_guidance(r):
@@ -93,40 +79,32 @@ def h_classifier_guidance(r):
 def h_tome(r):
     d = r["digits_sd"]["configs"]
     base, c = d[0], find(d, "name", "tome 0.5")
-    return (
-        f"{fx(c['cpu_speedup'])} (ratio 0.5)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (without: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits-sd",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'])} (ratio 0.5)", "digits-sd")
 
 
 def h_quantize(r):
     d = r["quantize_static"]["models"][0]["configs"]
     base, c = find(d, "name", "fp32"), find(d, "name", "int8-static")
-    return (
-        f"{fx(c['cpu_speedup'])} (int8-static, x86 CPU)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (fp32: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'])} (int8-static, x86 CPU)", "digits", "fp32")
 
 
 def h_prune(r):
     d = r["compress_digits"]["rows"]
     base, c = d["original"], d["prune+recover10000"]
-    return (
+    return _compared(
+        c,
+        base,
         f"{fx(c['cpu_speedup'])} at {c['params'] / base['params']:.0%} of the parameters (ratio 0.5, recovered)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (original: {pct(base['accuracy'])} / {base['fd']:.2f})",
         "digits",
+        "original",
     )
 
 
 def h_lowrank(r):
     d = r["compress_digits"]["rows"]
     base, c = d["original"], d["lowrank+recover1000"]
-    return (
-        f"{fx(c['cpu_speedup'])} (energy 0.9, recovered: slower at this size)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (original: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits",
+    return _compared(
+        c, base, f"{fx(c['cpu_speedup'])} (energy 0.9, recovered: slower at this size)", "digits", "original"
     )
 
 
@@ -156,30 +134,26 @@ def h_attention(r):
 def h_experts(r):
     d = r["experts_digits"]["rows"]
     base, c = d["full"], d["experts 0.75"]
-    return (
-        f"{fx(c['cpu_speedup'])} (pruned model on 75% of the steps)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (full: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits",
-    )
+    return _compared(c, base, f"{fx(c['cpu_speedup'])} (pruned model on 75% of the steps)", "digits", "full")
 
 
 def h_student(r):
     d = r["distill_g2"]["configs"]
     base, c = d[0], find(d, "name", "consistency 4")
-    return (
+    return _compared(
+        c,
+        base,
         f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (consistency, 4 steps)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
         "digits, guidance 2",
+        "DDIM 50",
     )
 
 
 def h_lcm_lora(r):
     d = r["distill_g2"]["configs"]
     base, c = d[0], find(d, "name", "LCM-LoRA 4")
-    return (
-        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (4 steps)",
-        f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (DDIM 50: {pct(base['accuracy'])} / {base['fd']:.2f})",
-        "digits, guidance 2",
+    return _compared(
+        c, base, f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (4 steps)", "digits, guidance 2", "DDIM 50"
     )
 
 
