@@ -17,8 +17,10 @@ sd35-medium    SD3Transformer2DModel MMDiT-X, 2243.17M       1024 px        CLIP
 (*) diffusers keeps a copy of the timestep and class embedders in each of DiT's 28 blocks; without the 27 extra
 copies it is the paper's 674.83M.
 
-The zoo registers each under the size ``full``; a build writes fp16 safetensors (sd15 2.1 GB, sdxl 6.9 GB, dit-xl-2 1.7 GB, sd35-medium 6.3 GB) with a progress
-bar, prints the size on disk, and is skipped when the directory already holds the same build.
+The zoo registers each under the size ``full``. A build writes fp16 safetensors (sd15 2.1 GB, sdxl 6.9 GB,
+dit-xl-2 1.7 GB, sd35-medium 6.3 GB) with a progress bar, prints the size on disk, and is skipped when the
+directory already holds the same build. It initializes fp32 weights on the CPU (sdxl: about 14 GB of memory);
+``benchmarks/gpu.py`` builds in memory on the GPU instead.
 
 Example::
 
