@@ -104,6 +104,15 @@ def test_sizes_other_than_full_are_refused(tmp_path):
     assert not list(tmp_path.iterdir()), "a refused build must write nothing"
 
 
+def test_the_command_line_takes_size_full(tmp_path, capsys):
+    from fastdiff.cli.main import main
+
+    with pytest.raises(SystemExit) as refused:  # reaches the zoo: a tiny model has no full size
+        main(["zoo", "build", "tiny-sd", str(tmp_path / "t"), "--size", "full"])
+    assert refused.value.code == 2
+    assert "zoo model 'tiny-sd' has no size 'full'; allowed: test, bench" in capsys.readouterr().err
+
+
 def test_output_layer_scaling():
     layer = torch.nn.Conv2d(4, 4, 3)
     before = [p.detach().clone() for p in layer.parameters()]

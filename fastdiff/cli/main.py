@@ -181,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     build = zoo_sub.add_parser("build", help="build NAME into DIR")
     build.add_argument("name")
     build.add_argument("dir")
-    build.add_argument("--size", default="test", choices=["test", "bench"])
+    build.add_argument(
+        "--size",
+        default="test",
+        choices=["test", "bench", "full"],
+        help="full: the real layouts (sd15, sdxl, dit-xl-2, sd35-medium)",
+    )
     build.add_argument("--seed", type=NON_NEGATIVE, default=0)
     zoo.set_defaults(func=cmd_zoo)
 
