@@ -317,3 +317,10 @@ def test_preset_keeps_betas_of_a_scheduler_built_in_memory(preset):
     source = DDPMScheduler()
     built = make_scheduler(preset, source.config)
     np.testing.assert_allclose(built.alphas_cumprod.numpy(), source.alphas_cumprod.numpy(), rtol=1e-6)
+
+
+def test_runs_in_process_group_reads_the_declared_kind():
+    from fastdiff.core.spec import runs_in_process_group
+
+    assert runs_in_process_group("deepcache(interval=3);parallel(mode=cfg,devices=2)")
+    assert not runs_in_process_group("deepcache(interval=3)") and not runs_in_process_group("")

@@ -104,10 +104,11 @@ def cmd_generate(args) -> None:
         if value is not None:
             call[key] = value
     if args.devices > 1:  # worker processes with a process group, one guidance branch each
+        from fastdiff.core.spec import runs_in_process_group
         from fastdiff.parallel.run import generate_parallel
 
         specs = args.accel or ""
-        if "parallel(" not in specs:
+        if not runs_in_process_group(specs):
             specs = ";".join(filter(None, [specs, f"parallel(mode=cfg,devices={args.devices})"]))
         images = generate_parallel(model, specs, call, args.devices, args.seed)["images"]
     else:

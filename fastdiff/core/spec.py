@@ -34,6 +34,17 @@ def parse(spec: str | Accelerator | list) -> list[Accelerator]:
     return [parse_one(part) for part in split_outside_quotes(spec, ";") if part.strip()]
 
 
+def runs_in_process_group(spec) -> bool:
+    """Whether any accelerator in ``spec`` declares it runs across processes (``kind == "parallel"``): such
+    specs are launched on ``devices`` ranks by ``fastdiff bench/generate --devices N``.
+
+    Example::
+
+        runs_in_process_group("deepcache(interval=3);parallel(mode=cfg,devices=2)")   # True
+    """
+    return any(config.kind == "parallel" for config in parse(spec))
+
+
 def split_outside_quotes(text: str, sep: str) -> list[str]:
     """Split ``text`` on ``sep`` where it is not inside a double-quoted value."""
     parts, start, quoted, i = [], 0, False, 0

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 # make_inputs and time_runs live in core (every layer uses them); re-exported for the benchmarks and tests
 from fastdiff.core.inputs import PROMPTS, default_side, make_inputs, synthetic_image  # noqa: F401
 from fastdiff.core.pipeline import FastPipeline
+from fastdiff.core.spec import runs_in_process_group
 from fastdiff.core.timing import peak_rss_mb, time_runs  # noqa: F401
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
@@ -59,7 +60,7 @@ def run_bench(
         raise ValueError(f"runs must be a positive integer, got {runs}")
     if not configs:
         raise ValueError("give at least one --config NAME=SPECS")
-    if devices > 1 and not any("parallel(" in specs for _, specs in configs):
+    if devices > 1 and not any(runs_in_process_group(specs) for _, specs in configs):
         raise ValueError(f"devices={devices}, but no config's specs contain parallel(...) to run on them")
     if threads:
         torch.set_num_threads(threads)
@@ -77,7 +78,7 @@ def run_bench(
     results, reference = [], None
     bar = tqdm(total=len(configs) * (runs + warmup), desc="bench", unit="run")
     for name, specs in configs:
-        distributed = devices > 1 and "parallel(" in specs
+        distributed = devices > 1 and runs_in_process_group(specs)
         handle = fp.accelerate(specs) if specs.strip() and not distributed else None
         try:
             call = dict(inputs, output_type="np")
