@@ -1,6 +1,6 @@
 """Caching on digits-flow: fastdiff's blockcache/forecast against diffusers' own cache hooks, side by side.
 
-Every config runs on one loaded digits-flow pipeline (flow Euler 28 steps, guidance 4, the bench prompts cycled,
+Every config runs on one loaded digits-flow pipeline (flow Euler 28 steps, the model's bench guidance unless --guidance, the bench prompts cycled,
 one torch thread), interleaved: one untimed warm-up call each on a small batch, then ``--runs`` rounds of one
 timed call per config in a rotating order. Per config: process CPU seconds (one thread: the compute cost, far
 less disturbed by other processes than wall time), the speedup over the first config, the fraction of steps
@@ -56,7 +56,8 @@ from fastdiff.eval.quality import digits_sd_quality
 from fastdiff.zoo.digit_captions import bench_prompts
 
 RESULTS = Path(__file__).parent / "results"
-STEPS, GUIDANCE = 28, 4.0
+STEPS = 28
+GUIDANCE = {"scale": 4.0}  # set by main: --guidance, or the model's bench guidance (eval/prompts.json)
 
 
 class Count(ModelHook):
@@ -126,7 +127,7 @@ def run(fp, config, prompts, seed: int = 0):
         _set_cache_context(transformer, CacheContext("cond"))
     try:
         start = time.process_time()
-        images = fp(prompt=prompts, guidance_scale=GUIDANCE, num_inference_steps=STEPS, output_type="np",
+        images = fp(prompt=prompts, guidance_scale=GUIDANCE["scale"], num_inference_steps=STEPS, output_type="np",
                     generator=torch.Generator().manual_seed(seed)).images  # fmt: skip
         seconds = time.process_time() - start
     finally:
@@ -149,11 +150,14 @@ def main() -> None:
     parser.add_argument("--warmup-images", type=int, default=20)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS / "flow_caching.json"))
+    parser.add_argument("--guidance", type=float, default=None, help="default: the model's bench guidance")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    from fastdiff.core.inputs import model_eval_settings
     from fastdiff.zoo.reference_flow import load_flow_pipeline
 
     fp = FastPipeline(load_flow_pipeline(args.model))
+    GUIDANCE["scale"] = args.guidance or model_eval_settings(fp.pipe).get("guidance", GUIDANCE["scale"])
     fp.set_progress_bar_config(disable=True)
     base = bench_prompts()
     prompts = [base[i % len(base)] for i in range(args.images)]
@@ -190,7 +194,7 @@ def main() -> None:
         row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
     for row in rows.values():
         row.pop("images")
-    result = {"model": args.model, "steps": STEPS, "guidance": GUIDANCE, "images": args.images, "runs": args.runs,
+    result = {"model": args.model, "steps": STEPS, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs,
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(
