@@ -22,7 +22,8 @@ def r_flow_caching(d: dict) -> str:
         d["rows"],
     ) + (
         f"\n\n{d.get('images')} images, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
-        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches (TaylorSeer, MagCache)."
+        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches (first-block, TaylorSeer, MagCache)."
+        + (f" Configs split over {d['split']}." if d.get("split") else "")
     )
 
 
