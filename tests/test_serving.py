@@ -359,7 +359,7 @@ def test_ray_serve_two_replicas(subprocess_servers):
     assert solo == replies[5].json()["images"][0]  # any replica, any batch: the same image for a seed
     # a replica that dies mid-request: its requests get 503 + Retry-After with a request id, the rest are served
     victim = int(sorted(seen)[0])
-    slow = [{"label": i, "seed": i, "steps": 120, "count": 8} for i in range(6)]
+    slow = [{"label": i, "seed": i, "steps": 40, "count": 4} for i in range(6)]
 
     async def kill_during():
         async with httpx.AsyncClient(timeout=120) as client:
