@@ -13,15 +13,17 @@ from diffusers import DiffusionPipeline, StableDiffusion3Pipeline
 from safetensors.torch import load_file
 
 from fastdiff.eval.quality import digits_sd_quality, model_prompts
-from fastdiff.zoo import ZOO, available
+from fastdiff.zoo import ZOO, available, build
 from fastdiff.zoo.digit_captions import bench_prompts
 from fastdiff.zoo.reference_flow import (
     DEFAULT_GUIDANCE,
     MAX_SEQUENCE_LENGTH,
     MultiplicityJointAttnProcessor,
     build_reference_flow,
+    load_flow_pipeline,
     null_components,
 )
+from fastdiff.zoo.shipped import SHIPPED_FLOW, ShippedModelError, install, is_installed, shipped_table
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +112,24 @@ def test_registered_in_the_zoo_and_bad_steps_refused(tmp_path):
     assert "digits-flow" in available() and ZOO["digits-flow"][1] == ("test", "bench")
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         build_reference_flow(tmp_path, steps=0)
+
+
+@pytest.mark.skipif(not SHIPPED_FLOW, reason="no digits-flow shipped in this checkout")
+def test_shipped_digits_flow_installs_checked_draws_the_digits_asked_for_and_refuses_damage(tmp_path):
+    from fastdiff.zoo.shipped import DATA_DIR_FLOW
+
+    assert shipped_table(DATA_DIR_FLOW, "digits-flow") == SHIPPED_FLOW
+    out = build("digits-flow", tmp_path / "ok", size="bench")
+    assert is_installed(out, "digits-flow") and (out / "eval" / "classifier.pt").is_file()
+    pipe = load_flow_pipeline(out)
+    pipe.set_progress_bar_config(disable=True)
+    prompts = bench_prompts()[:10] * 2
+    images = pipe(prompt=prompts, num_inference_steps=10, guidance_scale=DEFAULT_GUIDANCE, output_type="np",
+                  generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+    scores = digits_sd_quality(pipe, {"prompt": prompts}, images)
+    assert scores["accuracy"] >= 0.8, scores  # trained weights: the digit each prompt names
+    weights = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    assert not is_installed(out, "digits-flow")
+    with pytest.raises(ShippedModelError, match="truncated or corrupt"):
+        install(tmp_path / "copy", "digits-flow", source=out)

@@ -87,7 +87,46 @@ SHIPPED_SD: dict[str, tuple[int, str]] = {
 DATA_DIR_FLOW = DATA_DIR.parent / "digits-flow"
 BUILD_COMMAND_FLOW = "python -m fastdiff.zoo.reference_flow build DIR --steps 18000 --threads 1"
 # digits-flow (fastdiff/zoo/reference_flow.py), scored with the digits reference's classifier and split too
-SHIPPED_FLOW: dict[str, tuple[int, str]] = {}
+SHIPPED_FLOW: dict[str, tuple[int, str]] = {
+    "model_index.json": (750, "d8d2901f749115a598b53c0d672e257f2bfcda8be7ec4e69bf42f9d35be83a91"),
+    "scheduler/scheduler_config.json": (
+        482,
+        "b551508c7fc8a1b675c87458fcb5ea64d2b1e3e8492e765f2db8c71f67c7b0c9",
+    ),
+    "transformer/config.json": (406, "2bc7ca72bd871098c3f2e307afe569fdf006e25f1b0efbf13b01cf47a099fd1c"),
+    "transformer/diffusion_pytorch_model.safetensors": (
+        13963208,
+        "31c2d87ce347d902938122da58900682d9a20ec48c140930155f426771b11eb4",
+    ),
+    "vae/config.json": (733, "459e49fede6fad2cd6357bc2f6940804e38d0c2cbecf352f04293ef2123d07f1"),
+    "vae/diffusion_pytorch_model.safetensors": (
+        2641916,
+        "c79124d59f9c922b9b4040627d5c96fb6f3a81b252e54a371b003377201a90f0",
+    ),
+    "text_encoder/config.json": (553, "4810ff3e921d536a5f9260ebba005ea85e8c72a91af1df8b138a4949a8988a70"),
+    "text_encoder/model.safetensors": (
+        763648,
+        "598b39de54ded63e8e6312e14146d9f684e1fd2c17aa42b010bda399c124129e",
+    ),
+    "text_encoder_2/config.json": (553, "4810ff3e921d536a5f9260ebba005ea85e8c72a91af1df8b138a4949a8988a70"),
+    "text_encoder_2/model.safetensors": (
+        763648,
+        "598b39de54ded63e8e6312e14146d9f684e1fd2c17aa42b010bda399c124129e",
+    ),
+    "tokenizer/tokenizer.json": (65742, "a5d03d2f1c012dc203be2093b9d2a55335bf72c2316ab1f74d7f8d109cbcf37f"),
+    "tokenizer/tokenizer_config.json": (
+        463,
+        "506d7688f0532bd2fb72d742c43b83c8cdc28378e7ab887c3947428e7ea2eb0a",
+    ),
+    "tokenizer_2/tokenizer.json": (65742, "a5d03d2f1c012dc203be2093b9d2a55335bf72c2316ab1f74d7f8d109cbcf37f"),
+    "tokenizer_2/tokenizer_config.json": (
+        463,
+        "506d7688f0532bd2fb72d742c43b83c8cdc28378e7ab887c3947428e7ea2eb0a",
+    ),
+    "eval/prompts.json": (823, "894abcd2991fecb785fe368196775969e7f95f533d3e4f79ff6dae5386332caf"),
+    "eval/report.json": (650, "726e450d9881cba60581cd79b836b631351d0350c40c7cc0fe1d828ebfd02b94"),
+    "transformer_loss.csv": (648462, "aa10e093a395d74988cae4f40e01b3dabdd7fb231f2dc2d526d85e478e80be70"),
+}
 
 
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
