@@ -88,6 +88,7 @@ class Prune(Accelerator):
 
     spec_name = "prune"
     kind = "compress"
+    rebuilt_from_config = True
     touches = frozenset({"denoiser.weights", "denoiser.structure"})
     runs_on_xla = True
     exclusive = frozenset({"denoiser.weights", "denoiser.structure"})

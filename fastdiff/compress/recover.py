@@ -158,7 +158,7 @@ def compress_model(
         str(c): {k: v for k, v in h.info.items() if k != "ranks"} for c, h in zip(configs, group.handles)
     }
     den = student.denoiser
-    pruned_unet = any(c.spec_name == "prune" for c in configs) and not transformer_blocks(den)
+    pruned_unet = any(c.rebuilt_from_config for c in configs) and not transformer_blocks(den)
     if pruned_unet and (problem := config_mismatch(den)):
         raise AcceleratorError(f"{specs}: diffusers cannot rebuild the pruned UNet from its config ({problem}); "
                                "try ratio=0.5")  # fmt: skip

@@ -53,6 +53,8 @@ class Accelerator:
     exclusive: ClassVar[frozenset[str]] = frozenset()
     conflicts_with: ClassVar[frozenset[str]] = frozenset()
     runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/test_xla.py)
+    # the changed denoiser is saved and reloaded through diffusers' from_config (new widths in its config: prune)
+    rebuilt_from_config: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()
