@@ -25,7 +25,7 @@ tmp, model, images = sys.argv[1:]
 first, second = (json.load(open(f"{tmp}/{i}.json")) for i in (1, 2))
 base = second["rows"][0]
 out = dict(first, model=model, date=str(date.today()), device="2-core CPU, 1 torch thread per process",
-           command=f"sh benchmarks/flow_caching.sh MODEL {images}",
+           command=f"sh benchmarks/flow_caching.sh MODEL {images}", label="digits-flow",
            split=("two processes side by side, each with its own euler-28 baseline (the second's: "
                   f"{base['cpu_median']} CPU s, FD {base['fd']:.2f}); speedup and PSNR against the own process's"),
            rows=[dict(r, process=1) for r in first["rows"]] + [dict(r, process=2) for r in second["rows"][1:]])

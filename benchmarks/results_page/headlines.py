@@ -40,13 +40,15 @@ def h_deepcache(r):
 def h_blockcache(r):
     d = r["flow_caching"]["rows"]
     base, c = d[0], find(d, "name", "fd-teacache-0.12")
-    return _compared(c, base, f"{fx(c['speedup'])} (teacache 0.12)", "digits-flow")
+    label = r["flow_caching"].get("label", "digits-flow")
+    return _compared(c, base, f"{fx(c['speedup'])} (teacache 0.12)", label)
 
 
 def h_forecast(r):
     d = r["flow_caching"]["rows"]
     base, c = d[0], find(d, "name", "fd-forecast-3")
-    return _compared(c, base, f"{fx(c['speedup'])} (order 1, interval 3)", "digits-flow")
+    label = r["flow_caching"].get("label", "digits-flow")
+    return _compared(c, base, f"{fx(c['speedup'])} (order 1, interval 3)", label)
 
 
 def h_promptcache(r):
