@@ -1,6 +1,8 @@
 #!/bin/sh
 # fastdiff's and diffusers' caches on digits-flow at matched settings, the configs split over two processes side by
 # side (one thread each, each with its own flow Euler 28 baseline), merged into benchmarks/results/flow_caching.json.
+# No diffusers first-block cache here: FirstBlockCacheConfig fails on SD3Transformer2DModel (its last joint block
+# returns no text states; TypeError in diffusers/hooks/first_block_cache.py).
 #   sh benchmarks/flow_caching.sh MODEL [IMAGES]      (MODEL: e.g. `fastdiff zoo build digits-flow DIR --size bench`)
 set -e
 model=${1:?usage: flow_caching.sh MODEL [IMAGES]}
