@@ -17,7 +17,7 @@ HF_HUB_OFFLINE=1 $py benchmarks/flow_caching.py --model "$model" --images "$imag
 HF_HUB_OFFLINE=1 $py benchmarks/flow_caching.py --model "$model" --images "$images" --runs 1 --out "$tmp/2.json" \
   --config euler-28=none --config "fd-forecast-2=forecast(order=1,interval=2,warmup=2)" \
   --config hf-taylorseer-2=hf-taylorseer:2:2:1 --config "fd-first-block-0.2=blockcache(mode=first-block,threshold=0.2)" \
-  --config hf-fbc-0.2=hf-fbc:0.2 --config "fd-interval-2=blockcache(mode=interval,interval=2)" \
+  --config "fd-interval-2=blockcache(mode=interval,interval=2)" \
   > "$tmp/2.log" 2>&1 &
 wait
 $py - "$tmp" "$model" "$images" <<'PY'
