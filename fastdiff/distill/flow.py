@@ -60,7 +60,7 @@ class FlowBatches:
         from fastdiff.core.models import pipeline_facts
 
         layout = pipeline_facts(fp.pipe).cfg_layout
-        self.size, self.key = batch, None
+        self.size = batch
         captured = capture_inputs(fp, batch=pool, seed=seed, guidance=2.0 if layout else None)
         self.key = sample_key(captured)
         if layout and captured[self.key].shape[0] == 2 * pool:
@@ -84,8 +84,9 @@ class FlowBatches:
 
     def batch(self, g: torch.Generator):
         idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)
-        pick = lambda part: part and _rows(part, idx, self.x0.shape[0])  # noqa: E731
-        return self.x0[idx], pick(self.cond), pick(self.uncond)
+        pool = self.x0.shape[0]
+        uncond = None if self.uncond is None else _rows(self.uncond, idx, pool)
+        return self.x0[idx], _rows(self.cond, idx, pool), uncond
 
 
 def _rows(value, idx, pool: int):
