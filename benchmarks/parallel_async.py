@@ -193,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     global PIN_CORES
     PIN_CORES = False if args.unpinned else None
-    from diffusers import DiffusionPipeline
+    from fastdiff import load_pipeline
 
     warmups = [int(w) for w in args.warmups.split(",")]
     path = args.out
@@ -203,7 +203,7 @@ def main() -> None:
             model = build("tiny-sd", args.cache / "tiny-sd-bench", size="bench")
         else:
             model = ensure_digits(args.cache / "digits")
-        pipe = DiffusionPipeline.from_pretrained(model)
+        pipe = load_pipeline(model)
         call = make_inputs(pipe, 500 if name == "digits" else 2, 2.0 if name == "digits" else 7.5)
         quality = quality_for(pipe)
 

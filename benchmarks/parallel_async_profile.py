@@ -82,13 +82,12 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
 
 def digits_bench_call(cache: Path) -> tuple[str, dict]:
     """The shipped digits model's path and the bench call: 500 images, guidance 2."""
-    from diffusers import DiffusionPipeline
-
+    from fastdiff import load_pipeline
     from fastdiff.eval.bench import make_inputs
     from fastdiff.zoo.shipped import ensure_digits
 
     model = ensure_digits(cache / "digits")
-    return str(model), make_inputs(DiffusionPipeline.from_pretrained(model), 500, 2.0)
+    return str(model), make_inputs(load_pipeline(model), 500, 2.0)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from fastdiff.core import (
     NonFiniteOutputError,
     UnsupportedModelError,
     available,
+    load_pipeline,
     parse,
     register,
 )
@@ -27,14 +28,7 @@ try:
 except PackageNotFoundError:  # a source tree on sys.path, not installed: pyproject.toml's version
     __version__ = "0.1.0"
 
-# fastdiff's own pipelines; importing them registers their classes with diffusers, so that
-# DiffusionPipeline.from_pretrained loads saved fastdiff pipelines after `import fastdiff`.
-from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline  # noqa: E402
-from fastdiff.zoo.gmm_flow import GMMFlowDenoiser, GMMFlowPipeline  # noqa: E402
-from fastdiff.zoo.pipelines import ClassConditionalPipeline  # noqa: E402
-
 __all__ = [
     "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "NonFiniteOutputError",
-    "UnsupportedModelError", "available", "parse", "register", "ClassConditionalPipeline", "GMMDenoiser",
-    "GMMFlowDenoiser", "GMMFlowPipeline", "GMMPipeline",
+    "UnsupportedModelError", "available", "load_pipeline", "parse", "register",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
 
-from fastdiff import FastPipeline
+from fastdiff import FastPipeline, load_pipeline
 from fastdiff.zoo import ZOO, build
 from fastdiff.zoo.gmm_exact import ode_error
 from fastdiff.zoo.tiny import make_pipeline
@@ -266,7 +266,7 @@ def assert_gmm_round_trip(pipe, build, path, pipeline_cls, denoiser_cls) -> Diff
     """``build(path, size="test", seed=0)`` reloads (offline) as ``pipeline_cls`` over ``denoiser_cls`` with
     ``pipe``'s mixture buffers and images; returns the reloaded pipeline."""
     build(path, size="test", seed=0)
-    loaded = DiffusionPipeline.from_pretrained(str(path))
+    loaded = load_pipeline(path)
     loaded.set_progress_bar_config(disable=True)
     assert isinstance(loaded, pipeline_cls) and isinstance(loaded.unet, denoiser_cls)
     for name in ("means", "stds", "log_weights"):

@@ -10,12 +10,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
 from helpers import call, call_kwargs, tiny_pipe
 
 import fastdiff
-from fastdiff import AcceleratorError, FastPipeline, UnsupportedModelError
+from fastdiff import AcceleratorError, FastPipeline, UnsupportedModelError, load_pipeline
 from fastdiff.core.calls import CallArgumentError, max_steps
 from fastdiff.core.hooks import install_hook
 from fastdiff.core.registry import REGISTRY, available, conflict_reason
@@ -259,7 +258,7 @@ def test_save_and_reload_through_from_pretrained(tmp_path, sd):
     np.testing.assert_array_equal(
         loaded(**call_kwargs(loaded.pipe)).images, sd(**call_kwargs(sd.pipe)).images
     )
-    raw = DiffusionPipeline.from_pretrained(tmp_path / "saved")
+    raw = load_pipeline(tmp_path / "saved")
     assert type(raw).__name__ == type(sd.pipe).__name__
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from diffusers import DDPMScheduler, DiffusionPipeline
+from diffusers import DDPMScheduler
 
+from fastdiff import load_pipeline
 from fastdiff.eval import QUALITY
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
 from fastdiff.eval.fidelity import psnr, ssim
@@ -119,7 +120,7 @@ def test_fd_floor_validates_n(split, classifier):
 
 def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, classifier):
     assert QUALITY["ClassConditionalPipeline"] is digits_quality
-    pipe = DiffusionPipeline.from_pretrained(build_dir)
+    pipe = load_pipeline(build_dir)
     assert type(pipe) is ClassConditionalPipeline
     assert pipeline_directory(pipe) == build_dir
     kwargs = {"class_labels": split["y_test"].tolist(), "num_inference_steps": 50}
@@ -137,7 +138,7 @@ def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, 
 
 
 def test_evaluator_rejects_bad_input(build_dir, split):
-    pipe = DiffusionPipeline.from_pretrained(build_dir)
+    pipe = load_pipeline(build_dir)
     with pytest.raises(ValueError, match="class_labels"):
         digits_quality(pipe, {}, nhwc(split["x_test"]), seed=0)
     with pytest.raises(ValueError, match="360 images for 10"):

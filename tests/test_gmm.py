@@ -205,8 +205,7 @@ def test_quality_evaluator_matches_a_direct_exact_solve(pipe):
 
 def test_save_load_round_trip_offline(tmp_path, monkeypatch, pipe):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # diffusers finds the pipeline as diffusers.GMMPipeline (set when fastdiff.zoo.gmm is imported).
-    assert diffusers.GMMPipeline is GMMPipeline
+    assert not hasattr(diffusers, "GMMPipeline")  # fastdiff leaves the diffusers namespace alone
     assert ZOO["gmm"] == (build_gmm, ("test", "bench"))
     loaded = assert_gmm_round_trip(pipe, build_gmm, tmp_path / "gmm", GMMPipeline, GMMDenoiser)
     assert isinstance(loaded.scheduler, DDIMScheduler)

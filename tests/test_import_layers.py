@@ -1,7 +1,7 @@
 """fastdiff's import graph reads top-down: no import cycles, and no layer imports a higher one.
 
-Layers, low to high: core <- the accelerator families <- eval and zoo <- tune, serving and the package's own
-``__init__`` (the public facade) <- cli. Both checks read every module's source with ``ast`` and take its
+Layers, low to high: core <- the accelerator families and the package's own ``__init__`` (the public facade,
+core's names only) <- eval and zoo <- tune and serving <- cli. Both checks read every module's source with ``ast`` and take its
 module-level imports (class bodies and ``if``/``try`` blocks included, ``if TYPE_CHECKING:`` blocks not):
 imports inside functions run later, on demand (optional dependencies, the zoo's builders).
 """
@@ -9,6 +9,8 @@ imports inside functions run later, on demand (optional dependencies, the zoo's 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fastdiff"
@@ -23,7 +25,7 @@ LAYERS = {
     "zoo": 2,
     "tune": 3,
     "serving": 3,
-    "": 3,  # the facade: core plus the zoo's pipeline classes (importing them registers them with diffusers)
+    "": 1,  # the facade: core's public names only
     "cli": 4,
 }
 
@@ -139,3 +141,15 @@ def test_the_checks_catch_a_cycle_and_an_upward_import():
     assert layer("fastdiff.zoo.b") > layer("fastdiff.core.a") and layer("fastdiff") < layer(
         "fastdiff.cli.main"
     )
+
+
+def test_importing_the_package_gives_the_library_only():
+    """``import fastdiff`` loads the core, not the zoo, the evaluation bench or any accelerator, and leaves the
+    diffusers namespace alone (saved fastdiff pipelines load through ``fastdiff.load_pipeline``)."""
+    code = (
+        "import sys, diffusers, fastdiff; "
+        "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('fastdiff.')})); "
+        "print([n for n in ('ClassConditionalPipeline', 'GMMPipeline', 'GMMFlowPipeline') if hasattr(diffusers, n)])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-2:] == ["['core']", "[]"]

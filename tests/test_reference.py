@@ -12,7 +12,6 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     DEISMultistepScheduler,
-    DiffusionPipeline,
     DPMSolverMultistepScheduler,
     DPMSolverSDEScheduler,
     EulerAncestralDiscreteScheduler,
@@ -23,6 +22,7 @@ from diffusers import (
     UniPCMultistepScheduler,
 )
 
+from fastdiff import load_pipeline
 from fastdiff.eval.classifier import load_classifier
 from fastdiff.zoo import ZOO
 from fastdiff.zoo.pipelines import ClassConditionalPipeline
@@ -56,7 +56,7 @@ def build_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipe(build_dir):
-    pipe = DiffusionPipeline.from_pretrained(build_dir)
+    pipe = load_pipeline(build_dir)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -174,7 +174,7 @@ def test_round_trip_is_bit_identical(pipe, tmp_path):
     assert type(pipe) is ClassConditionalPipeline
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=False)
     pipe.save_pretrained(tmp_path)
-    reloaded = DiffusionPipeline.from_pretrained(tmp_path)
+    reloaded = load_pipeline(tmp_path)
     reloaded.set_progress_bar_config(disable=True)
     assert type(reloaded.scheduler) is DDIMScheduler and reloaded.scheduler.config.clip_sample is False
     for guidance in (1.0, 3.0):

@@ -7,10 +7,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from the hub; set before 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from diffusers import DiffusionPipeline  # noqa: E402
 from helpers import assert_plausible_images, in_fresh_memory, saved_zoo_pipelines  # noqa: E402
 from transformers import CLIPTokenizer  # noqa: E402
 
+from fastdiff import load_pipeline
 from fastdiff.zoo import build  # noqa: E402
 from fastdiff.zoo.tiny import PIPELINE_MAKERS, make_pipeline, make_tiny_sd  # noqa: E402
 from fastdiff.zoo.tokenizer import COMMON_WORDS, make_clip_tokenizer, write_vocab_files  # noqa: E402
@@ -39,7 +39,7 @@ def saved(tmp_path_factory):
 def reloaded(saved):
     pipelines = {}
     for name, (_, directory) in saved.items():
-        pipe = DiffusionPipeline.from_pretrained(directory)
+        pipe = load_pipeline(directory)
         pipe.set_progress_bar_config(disable=True)
         pipelines[name] = pipe
     return pipelines
@@ -148,7 +148,7 @@ def test_bench_sd_unet_has_about_35m_parameters():
 
 def test_class_conditional_pipeline_passes_latents_to_the_step_callback(tmp_path):
     """The callback gets the latents it asks for and may replace them (diffusers' convention)."""
-    pipe = DiffusionPipeline.from_pretrained(build("digits", tmp_path / "digits", size="bench"))  # shipped
+    pipe = load_pipeline(build("digits", tmp_path / "digits", size="bench"))  # shipped
     pipe.set_progress_bar_config(disable=True)
     seen = []
 

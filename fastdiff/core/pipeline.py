@@ -36,6 +36,7 @@ from fastdiff.core.calls import (
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
+from fastdiff.core.loading import load_pipeline
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser
 from fastdiff.core.registry import (
     Accelerator,
@@ -96,34 +97,15 @@ class FastPipeline:
     def from_pretrained(
         cls, path_or_dir: str | os.PathLike, accelerators=None, device=None, **kwargs
     ) -> FastPipeline:
-        """Load any diffusers pipeline directory (``DiffusionPipeline.from_pretrained``) and wrap it.
+        """Load any diffusers pipeline directory (``fastdiff.core.loading.load_pipeline``) and wrap it.
 
         ``device`` ("cpu", "cuda", "xla" ...) places the pipeline there before any accelerator is applied.
         """
-        # fastdiff's own pipeline classes are known to diffusers: the package's __init__, which registers them,
-        # runs before any of its modules
-        from diffusers import DiffusionPipeline
-
-        path = Path(path_or_dir).expanduser()
-        looks_local = path.is_absolute() or str(path_or_dir).startswith((".", "~")) or path.exists()
-        if looks_local:
-            if not path.is_dir():
-                raise FileNotFoundError(f"model directory {str(path_or_dir)!r} does not exist")
-            if not (path / "model_index.json").is_file():
-                raise ValueError(
-                    f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)"
-                )
-        if looks_local:  # components saved as absent (SD3 without its T5) load only when passed as None
-            index = json.loads((path / "model_index.json").read_text())
-            for name, value in index.items():
-                if value == [None, None] and not name.startswith("_"):
-                    kwargs.setdefault(name, None)
-        pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
-        _own_weights(pipe)
+        pipe = load_pipeline(path_or_dir, **kwargs)
         if device is not None:
             pipe.to(resolve_device(device))
-        manifest = path / "fastdiff_distill.json"  # a distilled student records the sampler it was made for
-        if accelerators is None and looks_local and manifest.is_file():
+        manifest = Path(path_or_dir).expanduser() / "fastdiff_distill.json"  # a student records its sampler
+        if accelerators is None and manifest.is_file():
             accelerators = json.loads(manifest.read_text()).get("load_accelerators") or None
         return cls(pipe, accelerators=accelerators)
 
@@ -377,15 +359,6 @@ def step_sync(device):
     from fastdiff.core.device import sync
 
     return sync
-
-
-def _own_weights(pipe) -> None:
-    # Memory-mapped safetensors can leave weights misaligned, which changes CPU kernel rounding; copying
-    # makes a reloaded pipeline reproduce the saved one bit for bit.
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            for tensor in list(component.parameters()) + list(component.buffers()):
-                tensor.data = tensor.data.clone()
 
 
 @functools.lru_cache(maxsize=256)

@@ -30,7 +30,6 @@ import inspect
 import math
 from pathlib import Path
 
-import diffusers
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -325,10 +324,6 @@ class GMMPipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         images = latents.permute(0, 2, 3, 1).cpu().numpy() if output_type == "np" else latents
         return ImagePipelineOutput(images=images) if return_dict else (images,)
-
-
-# DiffusionPipeline.from_pretrained looks the pipeline class up on the diffusers module.
-diffusers.GMMPipeline = GMMPipeline
 
 
 @register_model("gmm", sizes=("test", "bench"))

@@ -50,7 +50,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-import diffusers
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.configuration_utils import register_to_config
@@ -192,11 +191,6 @@ class GMMFlowPipeline(GMMPipeline):
             velocity = self.unet(scale(latents, t), t).sample
             latents = scheduler.step(velocity, t, latents, **step_kwargs).prev_sample
         return self._finish(latents, output_type, return_dict)
-
-
-# DiffusionPipeline.from_pretrained looks the pipeline class up on the diffusers module (the denoiser is found
-# through model_index.json's library entry, "fastdiff.zoo.gmm_flow").
-diffusers.GMMFlowPipeline = GMMFlowPipeline
 
 
 @register_model("gmm-flow", sizes=("test", "bench"))

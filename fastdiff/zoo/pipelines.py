@@ -1,7 +1,7 @@
 """Class-conditional image pipeline (the digits reference model) for any diffusers scheduler.
 
-Importing this module registers ``ClassConditionalPipeline`` on the ``diffusers`` package, so
-``DiffusionPipeline.from_pretrained(dir)`` finds it by the class name stored in ``model_index.json``.
+A saved one loads with ``fastdiff.load_pipeline(dir)`` or ``ClassConditionalPipeline.from_pretrained(dir)``
+(diffusers' ``DiffusionPipeline.from_pretrained`` looks class names up on its own module only).
 
 Example::
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-import diffusers
 import torch
 from diffusers import DiffusionPipeline, ImagePipelineOutput, UNet2DModel
 from diffusers.image_processor import VaeImageProcessor
@@ -179,8 +178,5 @@ class ClassConditionalPipeline(DiffusionPipeline):
             return (images,)
         return ImagePipelineOutput(images=images)
 
-
-# DiffusionPipeline.from_pretrained resolves model_index.json's "_class_name" on the diffusers module.
-diffusers.ClassConditionalPipeline = ClassConditionalPipeline
 
 __all__ = ["ClassConditionalPipeline", "OUTPUT_TYPES"]
