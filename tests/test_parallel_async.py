@@ -219,7 +219,7 @@ def _flow_models(rank, world, runs: dict):
         refusal = None
     except AcceleratorError as error:
         refusal = str(error)
-    return images, refusal
+    return images, (refusal, flux.context.nfe)
 
 
 @pytest.mark.slow
@@ -229,7 +229,7 @@ def test_two_stages_on_flow_transformers(tmp_path):
     true CFG (cond and uncond as separate calls) is refused: one set of stale activations cannot serve both."""
     runs = {"tiny-sd3": (str(build("tiny-sd3", tmp_path / "sd3", size="test")), dict(FLOW_CALL, guidance_scale=5.0)),
             "tiny-flux": (str(build("tiny-flux", tmp_path / "flux", size="test")), FLOW_CALL)}  # fmt: skip
-    images, refusal = launch(_flow_models, 2, runs, timeout_s=90)
+    images, (refusal, nfe) = launch(_flow_models, 2, runs, timeout_s=90)
     for name, out in images.items():
         plain = out[FLOW_SAMPLER]["images"]
         warm, staged = (
@@ -239,6 +239,7 @@ def test_two_stages_on_flow_transformers(tmp_path):
         # measured 64 dB (SD3) and 75 dB (Flux) at 6 steps
         assert np.isfinite(staged).all() and 30 < psnr(staged, plain) < 200, (name, psnr(staged, plain))
     assert refusal and "separate" in refusal and "true_cfg_scale" in refusal, refusal
+    assert nfe == 0  # refused before the denoiser ran
 
 
 @pytest.mark.slow

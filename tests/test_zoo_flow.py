@@ -225,3 +225,35 @@ def test_one_step_on_a_terminal_shift_scheduler_is_refused():
     with pytest.raises(CallArgumentError, match="at least 2.*shift_terminal"):
         fp(**call, num_inference_steps=1)
     assert np.isfinite(fp(**call, num_inference_steps=2).images).all()
+
+
+def test_separate_call_guidance_is_known_before_the_call(saved):
+    """The facts say before a call whether it runs guidance as separate denoiser calls per step (true CFG),
+    so accelerators that cannot serve it refuse before any model work; checked against the calls the
+    pipelines really make, with and without the arguments that switch it on."""
+    from fastdiff import FastPipeline
+    from fastdiff.core.models import separate_cfg
+
+    cases = {
+        "tiny-flux": [{}, dict(negative_prompt="blur", true_cfg_scale=3.0), dict(true_cfg_scale=3.0)],
+        "tiny-qwen-image": [
+            {},
+            dict(negative_prompt="blur"),
+            dict(negative_prompt="blur", true_cfg_scale=1.0),
+        ],
+        "tiny-flux2-klein": [{}, dict(guidance_scale=1.0)],
+        "tiny-sd3": [{}],  # batched guidance: one call per step
+    }
+    seen = set()
+    for name, calls in cases.items():
+        fp = FastPipeline(saved[name][0])
+        for extra in calls:
+            kwargs = dict(
+                prompt=PROMPT, num_inference_steps=2, output_type="np", height=32, width=32, **extra
+            )
+            fp(**kwargs)
+            separate = fp.context.denoiser_calls == 4
+            assert separate_cfg(fp.pipe, kwargs) == separate, (name, extra)
+            seen.add(separate)
+        fp.unwrap()
+    assert seen == {True, False}

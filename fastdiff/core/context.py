@@ -44,6 +44,7 @@ class StepContext:
     branches: tuple[str, ...] = ("cond",)  # branch of each equal chunk of the current denoiser batch
     branch_batch: int = 0  # images per branch, from the first denoiser call of this call
     cfg_sequence: tuple[str, ...] = ()  # branch of the k-th denoiser call of a step (separate-call guidance)
+    separate_cfg: bool = False  # this call runs its guidance branches as separate denoiser calls
     step_calls: int = 0  # denoiser calls seen so far in the current step
     calls_step: int = -1  # the step step_calls counts
     denoiser_calls: int = 0  # denoiser calls seen in this call (skipped ones included)
@@ -70,8 +71,16 @@ class StepContext:
         """Fraction of the trajectory done before the current step, in [0, 1)."""
         return min(self.step / self.num_steps, 1.0) if self.num_steps else 0.0
 
-    def begin_call(self, cfg: bool, cfg_layout: tuple[str, ...], cfg_sequence: tuple[str, ...] = ()) -> None:
+    def begin_call(
+        self,
+        cfg: bool,
+        cfg_layout: tuple[str, ...],
+        cfg_sequence: tuple[str, ...] = (),
+        separate: bool = False,
+    ) -> None:
+        """Reset the per-call state; ``separate``: this call runs guidance as separate denoiser calls."""
         self.call_index += 1
+        self.separate_cfg = separate
         self.step, self.num_steps, self.nfe, self.timestep = 0, 0, 0, None
         self.denoiser_calls, self.branch_batch, self.step_calls, self.calls_step = 0, 0, 0, -1
         self.cfg, self.cfg_layout, self.cfg_sequence = cfg, cfg_layout, cfg_sequence

@@ -51,6 +51,10 @@ class PipelineFacts:
     # the denoiser config flag under which guidance_scale is an input (Flux-dev, Qwen-Image): without it the
     # model ignores guidance_scale (FLUX.1-schnell), so a call asking for guidance is refused
     guidance_embeds_flag: str = ""
+    # separate-call guidance (cfg_sequence) runs only with a negative prompt (Flux, Qwen-Image true CFG), and
+    # not when this pipeline config flag is set (Flux.2 Klein: is_distilled)
+    cfg_needs_negative: bool = False
+    cfg_off_config: str = ""
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
@@ -84,12 +88,12 @@ PIPELINES: dict[str, PipelineFacts] = {
 # (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
 # Qwen-Image does by default. default_guidance is the default of guidance_arg.
 _FLUX = PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Flux", latent_multiple=2,
-                      guidance_embeds_flag="guidance_embeds")  # fmt: skip
+                      cfg_needs_negative=True, passes_sigmas="always", passes_mu=True, family="Flux",
+                      latent_multiple=2, guidance_embeds_flag="guidance_embeds")  # fmt: skip
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
 _QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      passes_sigmas="always", passes_mu=True, family="Qwen-Image", latent_multiple=2,
-                      guidance_embeds_flag="guidance_embeds")  # fmt: skip
+                      cfg_needs_negative=True, passes_sigmas="always", passes_mu=True, family="Qwen-Image",
+                      latent_multiple=2, guidance_embeds_flag="guidance_embeds")  # fmt: skip
 _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
 _NOISING = (
     "scale_noise",
@@ -106,7 +110,8 @@ _FLOW_VARIANTS = {
     "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", passes_mu=True,
                                    family="Flux.2", latent_multiple=2),
     "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), latent_multiple=2,
-                                        passes_sigmas="unless-flow-sigmas", passes_mu=True, family="Flux.2"),
+                                        cfg_off_config="is_distilled", passes_sigmas="unless-flow-sigmas",
+                                        passes_mu=True, family="Flux.2"),
     "StableDiffusion3Pipeline": _SD3,
     "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",), scheduler_methods=_NOISING),
     "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image"),
@@ -163,6 +168,21 @@ def cfg_enabled(pipe, call_kwargs: dict) -> bool:
     _, denoiser = find_denoiser(pipe)
     # An LCM-distilled UNet takes guidance as an embedding instead of a batched branch.
     return scale > facts.cfg_above and getattr(denoiser.config, "time_cond_proj_dim", None) is None
+
+
+def separate_cfg(pipe, call_kwargs: dict) -> bool:
+    """Whether this call runs guidance as separate denoiser calls per step (``cfg_sequence``: true CFG)."""
+    facts = PIPELINES.get(type(pipe).__name__)
+    if facts is None or not facts.cfg_sequence:
+        return False
+    scale = call_kwargs.get(facts.guidance_arg, facts.default_guidance)
+    negative = any(call_kwargs.get(k) is not None for k in ("negative_prompt", "negative_prompt_embeds"))
+    return (
+        scale is not None
+        and scale > facts.cfg_above
+        and (negative or not facts.cfg_needs_negative)
+        and not (facts.cfg_off_config and pipe.config.get(facts.cfg_off_config))
+    )
 
 
 def family_name(pipe) -> str:

@@ -37,7 +37,7 @@ from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
 from fastdiff.core.loading import load_pipeline
-from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser
+from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser, separate_cfg
 from fastdiff.core.registry import (
     Accelerator,
     AcceleratorError,
@@ -230,6 +230,7 @@ class FastPipeline:
             cfg_enabled(self.pipe, kwargs),
             facts.cfg_layout if facts else (),
             facts.cfg_sequence if facts else (),
+            separate_cfg(self.pipe, kwargs),
         )
         scheduler = self.pipe.scheduler
         sync = step_sync(self.pipe.device)  # XLA: cut the lazy graph at every step boundary

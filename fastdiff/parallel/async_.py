@@ -147,10 +147,12 @@ class AsyncDenoiserHook(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         st = self.state
-        if st.context.cfg_sequence and st.context.branches != ("cond",):
+        # refused at the call's first denoiser call, before any model work (the second check catches a
+        # separate-call pipeline the facts did not predict)
+        if st.context.separate_cfg or (st.context.cfg_sequence and st.context.branches != ("cond",)):
             raise AcceleratorError(
                 "parallel(mode=async) keeps one set of stale activations per step; guidance run as separate "
-                f"denoiser calls ({st.context.branches[0]} after cond: true_cfg_scale > 1 with a negative prompt) "
+                "denoiser calls (true CFG: true_cfg_scale > 1 with a negative prompt) "
                 "would feed one branch's activations to the other. Call without true CFG, or use "
                 "parallel(mode=cfg)'s batched-guidance families"
             )
