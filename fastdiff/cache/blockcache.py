@@ -46,9 +46,9 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, register
 class _State:
     def __init__(self, config: BlockCache, context):
         self.config, self.context = config, context
-        self.call, self.step, self.branches = None, 0, ("cond",)
+        self.step, self.branches = 0, ("cond",)
         self.skip = False  # first-block, teacache: the (remaining) blocks are skipped in this evaluation
-        self.skipped = 0  # evaluations of this call whose blocks were skipped (or reused, in interval mode)
+        self.skipped = 0  # evaluations whose blocks were skipped (or reused, in interval mode), since apply
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
         self.caches: dict[str, BranchCache] = {}
         self.kinds: dict[
@@ -65,15 +65,19 @@ class _State:
 class _Controller(ModelHook):
     """On the transformer: clears state per call; in interval mode decides whether this evaluation reuses."""
 
+    _is_stateful = True
+
     def __init__(self, state: _State):
         super().__init__()
         self.state = state
 
+    def reset_state(self, module):
+        st = self.state
+        st.caches, st.refreshed, st.head_output, st.last_full = {}, {}, None, 0
+        return module
+
     def pre_forward(self, module, *args, **kwargs):
         st, ctx = self.state, self.state.context
-        if st.call != ctx.call_index:
-            st.call, st.caches, st.refreshed = ctx.call_index, {}, {}
-            st.head_output, st.last_full, st.skipped = None, 0, 0
         st.step, st.branches, st.skip = ctx.step, ctx.branches, False
         if st.config.mode == "interval":
             if ctx.step % st.config.interval == 0:

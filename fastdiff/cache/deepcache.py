@@ -211,8 +211,10 @@ class BranchCache:
 
 class _State:
     def __init__(self, config: DeepCache, layout: _Plan):
-        self.config, self.layout, self.call, self.reuse = config, layout, None, False
-        self.steps: frozenset[int] = frozenset()
+        self.config, self.layout, self.reuse = config, layout, False
+        self.steps: frozenset[int] | None = (
+            None  # full-compute steps of this call, set at its first evaluation
+        )
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
         self.cache = BranchCache()
@@ -240,14 +242,19 @@ def _placeholder(template, batch: int):
 class _Controller(ModelHook):
     """On the UNet: clears state per call and decides whether this evaluation reuses the cache."""
 
+    _is_stateful = True
+
     def __init__(self, context, state: _State):
         super().__init__()
         self.context, self.state = context, state
 
+    def reset_state(self, module):
+        self.state.templates, self.state.cache, self.state.steps = {}, BranchCache(), None
+        return module
+
     def pre_forward(self, module, *args, **kwargs):
         ctx, st, cfg = self.context, self.state, self.state.config
-        if st.call != ctx.call_index:
-            st.call, st.templates, st.cache = ctx.call_index, {}, BranchCache()
+        if st.steps is None:  # the call's step count is known from its first evaluation on
             st.steps = full_steps(ctx.num_steps, cfg.interval, cfg.schedule, cfg.warmup)
         sample = args[0] if args else kwargs["sample"]
         st.batch, st.branches = sample.shape[0], ctx.branches

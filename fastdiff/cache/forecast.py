@@ -80,18 +80,21 @@ def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
 class ForecastHook(ModelHook):
     """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
 
+    _is_stateful = True
+
     def __init__(self, context, order: int, interval: int, warmup: int):
         super().__init__()
         self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
-        self.call_index = -1
         self.history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}  # branch -> [(step, chunks)]
         self.template = None  # output structure of the last full evaluation (per-image lists stacked)
         self.layout = None  # that output as the denoiser returned it
 
+    def reset_state(self, module):
+        self.history, self.template = {}, None
+        return module
+
     def new_forward(self, module, *args, **kwargs):
         ctx = self.context
-        if ctx.call_index != self.call_index:
-            self.call_index, self.history, self.template = ctx.call_index, {}, None
         step, branches = ctx.step, ctx.branches
         batch = batch_size_of(args, kwargs)
         if batch is None or batch % len(branches) or len(set(branches)) != len(branches):

@@ -70,17 +70,20 @@ def load_rescaling(path: str | None, model) -> np.poly1d:
 class TeaHead(ModelHook):
     """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold."""
 
+    _is_stateful = True
+
     def __init__(self, state, io, rescale: np.poly1d):
         super().__init__()
         self.state, self.io, self.rescale = state, io, rescale
-        self.call = None
         self.previous: dict[tuple[str, ...], torch.Tensor] = {}
         self.accumulated: dict[tuple[str, ...], float] = {}
 
+    def reset_state(self, module):
+        self.previous, self.accumulated = {}, {}
+        return module
+
     def new_forward(self, module, *args, **kwargs):
         st, ctx, io = self.state, self.state.context, self.io
-        if self.call != ctx.call_index:
-            self.call, self.previous, self.accumulated = ctx.call_index, {}, {}
         key = st.branches
         modulated = modulated_input(module, io, args, kwargs)
         edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1

@@ -110,8 +110,7 @@ class _State:
     def __init__(self, config: ToMe, context, patch: int):
         self.config, self.context, self.patch = config, context, patch
         self.size: tuple[int, int] | None = None
-        self.generator = torch.Generator()
-        self.call_index = None
+        self.generator = torch.Generator().manual_seed(_SEED)  # reseeded at each call (_SizeHook.reset_state)
 
     def plan(self, tokens: torch.Tensor, level: int, size: tuple[int, int] | None = None) -> MergePlan | None:
         if size is None and self.size is None:  # called outside a denoiser call: nothing to size the grid by
@@ -122,9 +121,6 @@ class _State:
             return None
         if h < self.config.sy or w < self.config.sx:  # smaller than one merge cell: nothing to merge into
             return None
-        if self.call_index != self.context.call_index:
-            self.call_index = self.context.call_index
-            self.generator.manual_seed(_SEED)
         c = self.config
         # tomesd: an odd batch cannot hold both guidance branches; random dst then causes artifacts.
         generator = self.generator if c.use_rand and tokens.shape[0] % 2 == 0 else None
@@ -133,15 +129,22 @@ class _State:
 
 
 class _SizeHook(ModelHook):
-    """On the denoiser: the token grid of this call (latent size over the patch size)."""
+    """On the denoiser: the token grid of this call (latent size over the patch size); reseeds the dst choice."""
+
+    _is_stateful = True
 
     def __init__(self, state: _State):
         super().__init__()
         self.state = state
 
+    def reset_state(self, module):
+        self.state.generator.manual_seed(_SEED)
+        return module
+
     def pre_forward(self, module, *args, **kwargs):
         x = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
-        self.state.size = (x.shape[-2] // self.state.patch, x.shape[-1] // self.state.patch)
+        if isinstance(x, torch.Tensor) and x.dim() == 4:  # block-level units size their grid by it
+            self.state.size = (x.shape[-2] // self.state.patch, x.shape[-1] // self.state.patch)
         return args, kwargs
 
 
@@ -327,8 +330,7 @@ class ToMe(Accelerator):
         try:
             for name, module, level in units:
                 handles += self._hook_unit(name, module, level, state)
-            if any(type(m).__name__ != "Attention" for _, m, _ in units):
-                handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size", state.context))
+            handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size", state.context))
         except BaseException:
             HandleGroup(handles).remove()
             raise

@@ -138,6 +138,14 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     return Handle(lambda: _remove(module, name))
 
 
+def reset_call_state(module: torch.nn.Module) -> None:
+    """A call starts: diffusers' hook lifecycle resets every stateful hook (``_is_stateful``) on ``module`` and
+    its submodules; per-call state lives in ``reset_state``. (diffusers resets them again at the call's end.)"""
+    registry = getattr(module, "_diffusers_hook", None)
+    if registry is not None:
+        registry.reset_stateful_hooks(recurse=True)
+
+
 def base_names(module: torch.nn.Module) -> list[str]:
     """Names of the hooks on ``module`` without their per-pipeline suffix."""
     registry = getattr(module, "_diffusers_hook", None)

@@ -35,7 +35,7 @@ from fastdiff.core.calls import (
 )
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach, reset_call_state
 from fastdiff.core.loading import load_pipeline
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser, separate_cfg
 from fastdiff.core.registry import (
@@ -232,6 +232,7 @@ class FastPipeline:
             facts.cfg_sequence if facts else (),
             separate_cfg(self.pipe, kwargs),
         )
+        reset_call_state(self.denoiser)
         scheduler = self.pipe.scheduler
         sync = step_sync(self.pipe.device)  # XLA: cut the lazy graph at every step boundary
         shadowed = scheduler.__dict__.get("step")
