@@ -9,6 +9,12 @@ Every accelerator is a frozen dataclass registered with ``@register``. It declar
 - ``conflicts_with``: names it cannot be combined with (declared on both sides; a test checks symmetry);
 - ``runs_on_xla``: whether it runs on a torch-xla device (TPU); others are refused there (``check_device``).
 
+Several classes may share one ``spec_name`` when they declare the option that tells them apart
+(``variant_option``, e.g. ``"mode"``) and its values in order (``variants``; the first is taken when a spec leaves
+the option out): each class declares that option as its first field, with its own value as the default, and
+carries only its own other options. A spec picks the class by that option's value before reading the rest
+(``VARIANTS`` holds them by name and value; ``REGISTRY`` holds the default one).
+
 Example::
 
     from dataclasses import dataclass
@@ -37,6 +43,7 @@ from typing import Any, ClassVar
 KIND_ORDER = ("compress", "attention", "cache", "guidance", "parallel", "text", "sampler", "compile")
 
 REGISTRY: dict[str, type[Accelerator]] = {}
+VARIANTS: dict[str, dict[str, type[Accelerator]]] = {}  # names shared by several classes: value -> class
 
 
 class AcceleratorError(ValueError):
@@ -55,8 +62,18 @@ class Accelerator:
     runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/test_xla.py)
     # the changed denoiser is saved and reloaded through diffusers' from_config (new widths in its config: prune)
     rebuilt_from_config: ClassVar[bool] = False
+    # classes sharing a spec_name: the option whose value picks one, and its values (the first: the default)
+    variant_option: ClassVar[str] = ""
+    variants: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
+        if self.variant_option:
+            own = variant_of(type(self))
+            if getattr(self, self.variant_option) != own:
+                raise AcceleratorError(
+                    f"{self.spec_name}: {type(self).__name__} is {self.variant_option}={own}, got "
+                    f"{self.variant_option}={getattr(self, self.variant_option)!r}"
+                )
         self.validate()
 
     def validate(self) -> None:
@@ -82,14 +99,34 @@ class Accelerator:
 
 def register(cls: type[Accelerator]) -> type[Accelerator]:
     """Class decorator: make ``cls`` reachable by its ``spec_name`` in specs and ``FastPipeline.accelerate``."""
-    if not cls.spec_name or cls.kind not in KIND_ORDER:
+    name = cls.spec_name
+    if not name or cls.kind not in KIND_ORDER:
         raise TypeError(f"{cls.__name__} needs a spec_name and a kind in {KIND_ORDER}, got kind={cls.kind!r}")
-    if cls.spec_name in REGISTRY and REGISTRY[cls.spec_name] is not cls:
-        raise TypeError(
-            f"accelerator name {cls.spec_name!r} is already registered by {REGISTRY[cls.spec_name]}"
-        )
-    REGISTRY[cls.spec_name] = cls
+    taken = REGISTRY.get(name)
+    if not cls.variant_option:
+        if taken is not None and taken is not cls:
+            raise TypeError(f"accelerator name {name!r} is already registered by {taken}")
+        REGISTRY[name] = cls
+        return cls
+    value, family = variant_of(cls), VARIANTS.setdefault(name, {})
+    if taken is not None and (taken.variant_option, taken.variants) != (cls.variant_option, cls.variants):
+        raise TypeError(f"{cls.__name__}: accelerator name {name!r} is already registered by {taken}, which is "
+                        f"not told apart by {cls.variant_option}={'|'.join(cls.variants)}")  # fmt: skip
+    if family.get(value, cls) is not cls:
+        raise TypeError(f"{name}({cls.variant_option}={value}) is already registered by {family[value]}")
+    family[value] = cls
+    REGISTRY[name] = family.get(cls.variants[0], cls)
     return cls
+
+
+def variant_of(cls: type[Accelerator]) -> str:
+    """The value of ``cls.variant_option`` that picks ``cls``: the default of that option, its first field."""
+    fields = dataclasses.fields(cls)
+    first = fields[0] if fields else None
+    if first is None or first.name != cls.variant_option or first.default not in cls.variants:
+        raise TypeError(f"{cls.__name__}: its first field must be {cls.variant_option!r} with a default among "
+                        f"{cls.variants}")  # fmt: skip
+    return first.default
 
 
 FAMILIES = (
@@ -116,11 +153,21 @@ def available() -> list[str]:
     return sorted(REGISTRY)
 
 
-def get(name: str) -> type[Accelerator]:
+def get(name: str, variant: str | None = None) -> type[Accelerator]:
+    """The class of ``name``; for a name shared by several classes, the one ``variant`` picks (None: the default)."""
     _load_accelerators()
     if name not in REGISTRY:
         raise AcceleratorError(f"unknown accelerator {name!r}; available: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
+    cls = REGISTRY[name]
+    if variant is None or not cls.variant_option:
+        return cls
+    family = VARIANTS[name]
+    if variant not in family:
+        allowed = [v for v in cls.variants if v in family]
+        raise AcceleratorError(
+            f"{name}: {cls.variant_option} must be one of {', '.join(allowed)}, got {variant!r}"
+        )
+    return family[variant]
 
 
 def field_types(cls: type[Accelerator]) -> dict[str, Any]:

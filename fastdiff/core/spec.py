@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from fastdiff.core.registry import Accelerator, AcceleratorError, field_types, get
+from fastdiff.core.registry import Accelerator, AcceleratorError, field_types, get, variant_of
 
 _SPEC = re.compile(r"^\s*([A-Za-z][\w\-+.]*)\s*(?:\((.*)\))?\s*$", re.S)
 
@@ -87,17 +87,22 @@ def parse_one(text: str) -> Accelerator:
     if not match:
         raise AcceleratorError(f"malformed accelerator spec {text!r}; expected NAME or NAME(key=value,...)")
     name, body = match.group(1), match.group(2)
-    cls = get(name)
-    types_ = field_types(cls)
-    kwargs: dict[str, Any] = {}
+    cls, where, items = get(name), name, []
     for item in split_outside_quotes(body or "", ","):
         if not item.strip():
             continue
         if "=" not in item:
             raise AcceleratorError(f"{name}: option {item.strip()!r} must be key=value")
-        key, value = (s.strip() for s in item.split("=", 1))
+        items.append(tuple(s.strip() for s in item.split("=", 1)))
+    if cls.variant_option:  # a name shared by several classes: the option's value picks one
+        picked = next((v for k, v in items if k == cls.variant_option), None)
+        cls = get(name, None if picked is None else unquote(picked, f"{name}.{cls.variant_option}")[0])
+        where = f"{name}({cls.variant_option}={variant_of(cls)})"
+    types_ = field_types(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in items:
         if key not in types_:
-            raise AcceleratorError(f"{name}: unknown option {key!r}; allowed: {', '.join(types_) or 'none'}")
+            raise AcceleratorError(f"{where}: unknown option {key!r}; allowed: {', '.join(types_) or 'none'}")
         if key in kwargs:
             raise AcceleratorError(f"{name}: option {key!r} given twice")
         text, quoted = unquote(value, f"{name}.{key}")
