@@ -31,7 +31,7 @@ import torch
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs, time_runs
 from fastdiff.eval.fidelity import psnr
-from fastdiff.parallel.async_state import _tensors
+from fastdiff.parallel.group import tensors_of
 from fastdiff.parallel.launch import launch
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
@@ -64,16 +64,17 @@ def stage_plan(handle) -> dict:
     states = [h.state for h in getattr(handle, "handles", [handle]) if "state" in h.info]
     plan = {}
     if states:
-        st = states[0]
+        st, cut = states[0], states[0].plan
 
         def megabytes(names):
-            return sum(t.numel() * t.element_size() for n in names for t in _tensors(st.cache[n])) / 2**20
+            return sum(t.numel() * t.element_size() for n in names for t in tensors_of(st.cache[n])) / 2**20
 
-        plan["exchanged_mb_per_step"] = megabytes(st.send[0])
-        plan["stage0_outputs_mb"] = megabytes([n for n in st.order if st.owner[n] == 0])
-        plan.update(stage_seconds=st.stage_costs(), boundary=[n for n in st.order if st.owner[n] == 1][0],
-                    layers_per_stage=[list(st.owner.values()).count(s) for s in range(st.stages)],
-                    shared_rows={n: round(f, 3) for n, (_, f) in st.split.items()}, recuts=len(st.recuts))  # fmt: skip
+        plan["exchanged_mb_per_step"] = megabytes(cut.send[0])
+        plan["stage0_outputs_mb"] = megabytes(cut.units(0))
+        plan.update(stage_seconds=cut.stage_seconds(), boundary=cut.units(1)[0],
+                    layers_per_stage=[len(cut.units(s)) for s in range(cut.stages)],
+                    shared_rows={n: round(f, 3) for n, (_, f) in cut.split.items()},
+                    recuts=len(st.settling.recuts))  # fmt: skip
     return plan
 
 

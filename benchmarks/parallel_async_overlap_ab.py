@@ -1,5 +1,5 @@
 """The overlapped exchange against the blocking one, in one launch: digits async calls (500 images, guidance 2,
-dpm++2m 20, ``warmup=2,extrapolate=1``) alternating ``state.overlap`` on and off once the cut has settled, the
+dpm++2m 20, ``warmup=2,extrapolate=1``) alternating the overlapped and the blocking exchange strategy once the cut has settled, the
 order swapped every pair; the images must be identical. Run alone, under the shared lock::
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_overlap_ab.py --pairs 2
@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from parallel_async_profile import digits_bench_call  # benchmarks/ is the script's directory
 
+from fastdiff.parallel.async_exchange import BlockingExchange, OverlappedExchange
 from fastdiff.parallel.launch import launch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -43,7 +44,7 @@ def alternate(rank: int, world: int, model: str, call: dict, pairs: int) -> dict
     images = {}
     for pair in range(pairs):
         for arm in ("overlapped", "blocking")[:: 1 if pair % 2 == 0 else -1]:
-            state.overlap = arm == "overlapped"
+            state.set_exchange(OverlappedExchange() if arm == "overlapped" else BlockingExchange())
             took, images[arm] = one()
             seconds[arm].append(round(took, 2))
     return {**seconds, "identical": bool((images["overlapped"] == images["blocking"]).all())}

@@ -1,9 +1,9 @@
 """Where the time of a digits ``parallel(mode=async)`` call goes, per rank: own layers, the activation
 exchange, the prediction broadcast (waiting for the slower stage included), extrapolation, the rest.
 
-Wraps AsyncState's methods with timers in the workers (a measurement aid, not part of fastdiff). Five calls
-of the digits bench batch (500 images, guidance 2, dpm++2m 20); from the second call on, each may re-cut the
-stages (on the previous call's staged timings) until they are balanced.
+Wraps the async state's and the exchange's methods with timers in the workers (a measurement aid, not part of
+fastdiff). Five calls of the digits bench batch (500 images, guidance 2, dpm++2m 20); from the second call on,
+each may re-cut the stages (on the previous call's staged timings) until they are balanced.
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_profile.py
 """
@@ -24,27 +24,35 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SPECS = "scheduler(name=dpm++2m,steps=20);parallel(mode=async,devices=2,warmup=2,extrapolate=1)"
 
 
-def _timers(seconds: dict) -> None:
-    """Accumulate staged-step seconds of AsyncState's communication methods and of the layer hooks."""
+def _timers(seconds: dict, states: list) -> None:
+    """Accumulate staged-step seconds of the async state's communication and extrapolation and of the layer
+    hooks (``states``: filled with the state once it exists)."""
     from fastdiff.parallel import async_ as a
+    from fastdiff.parallel import async_exchange as x
+    from fastdiff.parallel import async_state as s
 
     def timed(cls, name, key):
         original = getattr(cls, name)
 
         def wrapper(self, *args, **kwargs):
-            state, start = getattr(self, "state", self), time.perf_counter()
+            start = time.perf_counter()
             try:
                 return original(self, *args, **kwargs)
             finally:  # the denoiser hook's call decides ``sequential`` as it begins: read it afterwards
-                if not state.sequential:
+                if states and not states[0].sequential:
                     seconds[key] += time.perf_counter() - start
 
         setattr(cls, name, wrapper)
 
-    for name in ("share_prediction", "_extrapolate"):
-        timed(a.AsyncState, name, name.strip("_"))
-    for name in ("_exchange", "_collect", "_post"):  # blocking, or posted (on rank 0 inside its layers' time)
-        timed(a.AsyncState, name, "exchange")
+    timed(s.AsyncState, "share_prediction", "share_prediction")
+    timed(s.Extrapolation, "carry", "extrapolate")
+    # blocking, or posted (on rank 0 inside its layers' time)
+    for cls, name in (
+        (x.BlockingExchange, "begin"),
+        (x.OverlappedExchange, "_collect"),
+        (x.OverlappedExchange, "_post"),
+    ):
+        timed(cls, name, "exchange")
     timed(a.StageUnitHook, "new_forward", "own_layers")
     timed(a.AsyncDenoiserHook, "new_forward", "staged_denoiser_calls")
 
@@ -55,11 +63,13 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
     from fastdiff import FastPipeline
 
     seconds: dict[str, float] = collections.defaultdict(float)
-    _timers(seconds)
+    states: list = []
+    _timers(seconds, states)
     fp = FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
     handle = fp.accelerate(SPECS)
     state = next(h.state for h in handle.handles if "state" in h.info)
+    states.append(state)
     out = []
     for _ in range(calls):
         seconds.clear()
@@ -71,9 +81,8 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
             seconds[k] for k in ("own_layers", "exchange", "share_prediction", "extrapolate")
         )
         record = {k: round(v, 2) for k, v in seconds.items()}
-        owners = [state.owner[n] for n in state.order]
-        record.update(layers_per_stage=[owners.count(s) for s in range(world)], settled=state.settled,
-                      shared_rows={n: round(f, 3) for n, (_, f) in state.split.items()})  # fmt: skip
+        record.update(layers_per_stage=[len(state.plan.units(s)) for s in range(world)], settled=state.settled,
+                      shared_rows={n: round(f, 3) for n, (_, f) in state.plan.split.items()})  # fmt: skip
         everyone = [None] * world
         dist.all_gather_object(everyone, record)
         out.append(everyone)

@@ -10,6 +10,7 @@ from helpers import assert_dead_rank_ends_the_run
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.parallel.async_ import MAX_RECUTS, balanced_cuts, stage_units
+from fastdiff.parallel.async_exchange import BlockingExchange, OverlappedExchange
 from fastdiff.parallel.async_plan import head_rows, split_boundaries, stage_seconds
 from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
@@ -108,26 +109,27 @@ def _apply_remove_and_plan(rank, world, model, call):
     assert fp.accelerate(spec) is not None  # applying the active config again is a no-op
     state = next(h.state for h in handle.handles if "state" in h.info)
     first = run()  # cut on the warm-up's timings
-    first_cut = (dict(state.owner), dict(state.split))
+    first_cut = (dict(state.plan.owner), dict(state.plan.split))
     for _ in range(MAX_RECUTS + 1):  # cut again on each call's staged timings until balanced, then kept
         staged = run()
         if state.settled:
             break
     again = run()
-    state.selective = (
-        False  # every output of stage 0 exchanged, not only those that stage 1 was traced to read
-    )
+    # every output of stage 0 exchanged, not only those that stage 1 was traced to read
+    state.set_exchange(OverlappedExchange(every_output=True))
     exchange_all = run()
-    state.selective = True
-    state.overlap = False  # one blocking exchange at the start of each step instead of posted broadcasts
+    state.set_exchange(
+        BlockingExchange()
+    )  # one blocking exchange at the start of each step, not posted broadcasts
     blocking = run()
-    state.overlap = True
-    plan = {"settled": state.settled, "order": state.order, "owner": dict(state.owner), "split": dict(state.split),
-            "stage_costs": state.stage_costs(), "send": dict(state.send)}  # fmt: skip
+    state.set_exchange(OverlappedExchange())
+    cut = state.plan
+    plan = {"settled": state.settled, "order": cut.order, "owner": dict(cut.owner), "split": dict(cut.split),
+            "stage_costs": cut.stage_seconds(), "send": dict(cut.send)}  # fmt: skip
     # the first layer of stage 1 shared by rows with stage 0; without guidance the rows never meet, so the head
     # rows follow the cut with that layer in stage 0 and the others the cut with it in stage 1
     owner = plan["owner"]
-    boundary = next(n for n in state.order if owner[n] == 1)
+    boundary = next(n for n in cut.order if owner[n] == 1)
     cuts = {
         "shared": (owner, {boundary: (0, 0.5)}),
         "later": (owner, {}),
@@ -142,7 +144,7 @@ def _apply_remove_and_plan(rank, world, model, call):
     handle.remove()
     return {"before": before, "after": run(), "first": first, "first_cut": first_cut, "staged": staged,
             "again": again, "exchange_all": exchange_all, "blocking": blocking, "rows": rows,
-            "boundary_splittable": boundary in state.splittable, **plan}  # fmt: skip
+            "boundary_splittable": boundary in state.trace.splittable, **plan}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -259,14 +261,17 @@ def test_a_killed_stage_worker_ends_the_call_with_an_error_and_leaves_no_process
         ("parallel(mode=cfg+async,devices=4,stages=3)", "devices must be 6"),
         ("parallel(mode=async,devices=2,warmup=0)", "warmup must be a positive integer, got 0"),
         ("parallel(mode=async,devices=2,stride=0)", "stride must be a positive integer, got 0"),
-        ("parallel(mode=cfg,devices=2,warmup=3)", "warmup apply to mode=async"),
+        (
+            "parallel(mode=cfg,devices=2,warmup=3)",
+            "parallel\\(mode=cfg\\): unknown option 'warmup'; allowed: mode, devices",
+        ),
         ("parallel(mode=async,devices=2,cooldown=-1)", "cooldown must be an integer >= 0, got -1"),
-        ("parallel(mode=cfg,devices=2,cooldown=2)", "cooldown apply to mode=async"),
+        ("parallel(mode=cfg,devices=2,cooldown=2)", "unknown option 'cooldown'"),
         (
             "parallel(mode=async,devices=2,extrapolate=2)",
             r"extrapolate must be 0 \(off\) or 1 \(linear\), got 2",
         ),
-        ("parallel(mode=cfg,devices=2,extrapolate=1)", "extrapolate apply to mode=async"),
+        ("parallel(mode=cfg,devices=2,extrapolate=1)", "unknown option 'extrapolate'"),
     ],
 )
 def test_bad_options_name_the_value(spec, message):
@@ -293,6 +298,23 @@ def test_refusals_before_any_process_group(models, tmp_path):
         gmm.accelerate("parallel(mode=async,devices=2)")
     units = stage_units(fp.denoiser)
     assert "conv_in" in units and any(".attentions." in n for n in units)
+
+
+def test_per_call_state_is_cleared_by_the_stateful_hook_reset(models):
+    """The wrapper resets stateful hooks at every call (diffusers' lifecycle): the async state clears its per-call
+    part there, and keeps what spans calls (the staged timings become due for the next re-cut)."""
+    from fastdiff.core.hooks import reset_call_state
+    from fastdiff.parallel.async_ import ParallelAsync, install_async
+
+    fp = FastPipeline.from_pretrained(models["tiny-sd"])
+    handle = install_async(fp, ParallelAsync(devices=2), stage=0, ranks=[0, 1])  # no process group needed yet
+    state = handle.state
+    state.index, state.fresh, state.settling.times = 5, False, {"conv_in": [0.1]}
+    state.extra.known["conv_in"] = [(1.0, None)]
+    reset_call_state(fp.denoiser)
+    assert state.index == 0 and state.fresh and not state.extra.known
+    assert state.settling.due and state.settling.times == {"conv_in": [0.1]}
+    handle.remove()
 
 
 def fastdiff_conflict(a: str, b: str):

@@ -9,10 +9,11 @@ every other layer returns the output its owner produced at the previous call, ex
 call (one broadcast per stage but the last), so stage k consumes stage k-1's output from the previous step and
 all stages compute at once. With two stages the exchange overlaps the computing: stage 0 posts each output
 that stage 1 reads as soon as it is computed (``dist.broadcast(..., async_op=True)``), stage 1 posts the
-receives at the start of its step and waits for them at the start of the next one. From the second call on, the layers are cut again at the start of each call, on
+receives at the start of its step and waits for them at the start of the next one (async_exchange.py).
+From the second call on, the layers are cut again at the start of each call, on
 the median times of the previous call's staged steps (each layer timed by its owner while all stages ran), until
-the stages' measured times are within 5% of each other, the cut stops changing, or three re-cuts have been made;
-that cut is then kept (a cut changes which activations are stale, so a call's image can differ from the previous
+the stages' measured times are within 5% of each other, the cut stops changing, or three re-cuts have been made
+(``Settling`` in async_state.py); that cut is then kept (a cut changes which activations are stale, so a call's image can differ from the previous
 call's until the cut settles). Whole layers rarely balance (one UNet layer at full resolution can be a tenth of
 a step), so the first layer of a stage may share its batch rows with the stage before (async_plan.py): that
 stage computes the first rows on its fresh features and sends them at the next exchange, the owner computes the
@@ -41,20 +42,74 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+from typing import ClassVar, Literal
 
 import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import HandleGroup, install_hook
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
-from fastdiff.core.registry import AcceleratorError
+from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of
-from fastdiff.parallel.async_plan import balanced_cuts, cat_rows, rows_of
-from fastdiff.parallel.async_state import MAX_RECUTS, AsyncState, head_key, timed_call
+from fastdiff.parallel.async_plan import balanced_cuts, cat_rows, head_key, rows_of
+from fastdiff.parallel.async_state import MAX_RECUTS, AsyncState
+from fastdiff.parallel.group import ParallelConfig, positive
 
 HOOK_NAME = "fastdiff.parallel-async"
-__all__ = ["MAX_RECUTS", "AsyncState", "balanced_cuts", "install_async", "stage_units"]
+__all__ = ["MAX_RECUTS", "AsyncState", "ParallelAsync", "balanced_cuts", "install_async", "stage_units"]
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ParallelAsync(ParallelConfig):
+    """The denoiser in ``stages`` (default: devices) stages, one per rank, AsyncDiff-style, after ``warmup``
+    whole denoiser calls per call, with activations exchanged every ``stride`` steps; the last ``cooldown``
+    steps run whole again (their small updates are where stale activations show most); ``extrapolate=1``
+    carries the stale activations on linearly to the current timestep. Example:
+    ``parallel(mode=async,devices=2,extrapolate=1)``."""
+
+    mode: Literal["async"] = "async"
+    devices: int = 2
+    stages: int | None = None
+    warmup: int = 2
+    stride: int = 1
+    cooldown: int = 0
+    extrapolate: int = 0
+
+    touches = frozenset({"denoiser.forward", "denoiser.blocks"})
+    exclusive = frozenset({"denoiser.blocks"})  # deepcache and blockcache hook the same blocks
+    branches: ClassVar[int] = 1  # guidance branches side by side, each staged (devices = branches x stages)
+
+    def validate(self) -> None:
+        for name in ("devices", "warmup", "stride"):
+            positive(self, name)
+        if isinstance(self.cooldown, bool) or not isinstance(self.cooldown, int) or self.cooldown < 0:
+            raise AcceleratorError(f"parallel: cooldown must be an integer >= 0, got {self.cooldown!r}")
+        if isinstance(self.extrapolate, bool) or self.extrapolate not in (0, 1):
+            raise AcceleratorError(
+                f"parallel: extrapolate must be 0 (off) or 1 (linear), got {self.extrapolate!r}"
+            )
+        if self.stages is not None and (isinstance(self.stages, bool) or self.stages < 2):
+            raise AcceleratorError(f"parallel: stages must be an integer >= 2, got {self.stages!r}")
+        each, where = self.branches, f"parallel(mode={self.mode})"
+        if self.stages is not None and self.stages * each != self.devices:
+            raise AcceleratorError(f"{where}: devices must be {each * self.stages} (stages={self.stages}"
+                                   f"{' x 2 guidance branches' * (each > 1)}), got {self.devices}")  # fmt: skip
+        if self.devices % each:
+            raise AcceleratorError(f"{where}: devices must be even (2 guidance branches x stages), got "
+                                   f"{self.devices}")  # fmt: skip
+        if self.stage_count() < 2:
+            raise AcceleratorError(f"{where} needs at least 2 stages: devices must be >= {2 * each}, got "
+                                   f"{self.devices}")  # fmt: skip
+
+    def stage_count(self) -> int:
+        return self.stages or self.devices // self.branches
+
+    def apply(self, fp) -> HandleGroup:
+        stage_units(fp.denoiser)  # an unsupported denoiser fails before the process group is looked at
+        return install_async(fp, self, self.group_rank(), list(range(self.devices)))
 
 
 def stage_units(denoiser) -> dict[str, torch.nn.Module]:
@@ -79,50 +134,39 @@ class StageUnitHook(ModelHook):
         self.state, self.name = state, name
 
     def new_forward(self, module, *args, **kwargs):
-        st, forward = self.state, self.fn_ref.original_forward
+        st, forward, name = self.state, self.fn_ref.original_forward, self.name
+        plan = st.plan
         if st.sequential:
-            if st.owner is None:  # the first call: record the order and time every layer
-                output = timed_call(forward, args, kwargs, st.warmup_times, self.name)
-                st.trace(self.name, (args, kwargs), output)
-                if self.name not in st.order:
-                    st.order.append(self.name)
+            if plan is None:  # the first call: record the order and time every layer
+                output = st.trace.unit(name, forward, args, kwargs, st.batch)
             else:
                 output = forward(*args, **kwargs)
-            if self.name in st.split:
-                st.cache[head_key(self.name)] = rows_of(output, st.batch, 0, st.rows(self.name))
-        elif self.name in st.split and st.stage in (st.split[self.name][0], st.owner[self.name]):
+                if name in plan.split:
+                    st.cache[head_key(name)] = rows_of(output, st.batch, 0, st.rows(name))
+        elif name in plan.split and st.stage in (plan.split[name][0], plan.owner[name]):
             return self._shared(forward, args, kwargs)
-        elif st.owner.get(self.name, st.stage) == st.stage:  # layers the plan never saw run everywhere
-            output = self._staged(forward, args, kwargs)
+        elif plan.owner.get(name, st.stage) == st.stage:  # layers the plan never saw run everywhere
+            output = st.settling.run(forward, args, kwargs, name)
         else:
-            return st.view.get(self.name, st.cache[self.name]) if st.extrapolate else st.cache[self.name]
-        st.cache[self.name] = output
+            return st.latest(name)
+        st.cache[name] = output
         if not st.sequential:
-            st.computed(self.name)
+            st.computed(name)
         return output
-
-    def _staged(self, forward, args, kwargs):
-        """This rank's part of a staged step, timed while the cut may still change."""
-        st = self.state
-        if not st.tuning:
-            return forward(*args, **kwargs)
-        st.staged_call = st.call
-        return timed_call(forward, args, kwargs, st.staged_times, self.name)
 
     def _shared(self, forward, args, kwargs):
         """A unit shared by rows: the earlier stage computes the head rows on its fresh inputs (they reach the
         owner at the next exchange), the owner the rest on its inputs from the previous step. Both are the
         unit applied to the same step's features, so the owner's output is as if it computed every row."""
         st, head, rows = self.state, head_key(self.name), self.state.rows(self.name)
-        mine = (0, rows) if st.stage == st.split[self.name][0] else (rows, None)
+        mine = (0, rows) if st.stage == st.plan.split[self.name][0] else (rows, None)
         args, kwargs = rows_of((args, kwargs), st.batch, *mine)
-        part = self._staged(forward, args, kwargs)
+        part = st.settling.run(forward, args, kwargs, self.name)
         if mine[0] == 0:  # glue after it runs on the rest of the rows too; its results here are not used
             st.cache[head] = part
             st.computed(head)
             return cat_rows(part, rows_of(st.cache[self.name], st.batch, rows, None))
-        earlier = st.view.get(head, st.cache[head]) if st.extrapolate else st.cache[head]
-        st.cache[self.name] = output = cat_rows(earlier, part)
+        st.cache[self.name] = output = cat_rows(st.latest(head), part)
         return output
 
 
@@ -134,16 +178,24 @@ class BlockReadHook(ModelHook):
         self.state, self.name = state, name
 
     def pre_forward(self, module, *args, **kwargs):
-        self.state.trace(self.name, (args, kwargs))
+        if self.state.plan is None and self.state.sequential:
+            self.state.trace.read(self.name, (args, kwargs))
         return args, kwargs
 
 
 class AsyncDenoiserHook(ModelHook):
-    """On the denoiser: exchange the stages' activations before the call, share the prediction after it."""
+    """On the denoiser: exchange the stages' activations before the call, share the prediction after it.
+    Stateful: diffusers' hook reset at the start of every call clears the state's per-call part."""
+
+    _is_stateful = True
 
     def __init__(self, state: AsyncState):
         super().__init__()
         self.state = state
+
+    def reset_state(self, module):
+        self.state.reset()
+        return module
 
     def new_forward(self, module, *args, **kwargs):
         st = self.state
@@ -177,14 +229,14 @@ def _blocks(denoiser) -> dict[str, torch.nn.Module]:
     return found
 
 
-def install_async(fp, stages: int, stage: int, ranks: list[int], group, warmup: int, stride: int,
-                  cooldown: int = 0, extrapolate: int = 0) -> HandleGroup:  # fmt: skip
-    """Hook the layers and the denoiser of ``fp`` for stage ``stage`` of ``stages`` (``ranks``: global ranks)."""
-    units = stage_units(fp.denoiser)
+def install_async(fp, config: ParallelAsync, stage: int, ranks: list[int], group=None) -> HandleGroup:
+    """Hook the layers and the denoiser of ``fp`` for stage ``stage`` of ``config`` (``ranks``: the global ranks
+    of the stages, in ``group``)."""
+    stages, units = config.stage_count(), stage_units(fp.denoiser)
     if len(units) < stages:
         raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
                                f"split, fewer than stages={stages}")  # fmt: skip
-    state = AsyncState(fp.context, stages, stage, ranks, group, warmup, stride, cooldown, extrapolate)
+    state = AsyncState(fp.context, config, stage, ranks, group)
     handles = []
     try:
         for name, module in units.items():

@@ -1,6 +1,6 @@
-"""The ``parallel`` accelerator; ``mode=cfg``: the two classifier-free-guidance branches on two ranks at once.
+"""``parallel(mode=cfg)``: the two classifier-free-guidance branches on two ranks at once.
 
-(``mode=async`` splits the denoiser into stages, fastdiff/parallel/async_.py; ``mode=cfg+async`` does both.)
+(``mode=async`` splits the denoiser into stages, async_.py; ``mode=cfg+async`` does both, cfg_async.py.)
 
 Every rank runs the same pipeline call with the same seed (scheduler, latents and VAE stay identical on
 all ranks, cheap next to the denoiser). A ``new_forward`` hook on the denoiser keeps only the rank's own
@@ -25,19 +25,19 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
-from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
+from fastdiff.parallel.group import ParallelConfig, peers
 
 HOOK_NAME = "fastdiff.parallel-cfg"
-MODES = ("cfg", "async", "cfg+async")
-DEFAULT_WARMUP = 2
 
 
 class BranchSplitHook(ModelHook):
@@ -70,149 +70,46 @@ class BranchSplitHook(ModelHook):
         if not t.dim() or t.shape[0] != chunk:
             return t
         parts = [torch.empty_like(t) for _ in range(self.world)]
-        try:
+        with peers("parallel(mode=cfg)", self.context):
             dist.all_gather(parts, t.contiguous(), group=self.group)
-        except RuntimeError as error:  # gloo: a peer died (connection closed) or hung (timeout)
-            raise RuntimeError(f"parallel(mode=cfg): rank {self.rank} lost its peers at step "
-                               f"{self.context.step}: {error}") from error  # fmt: skip
         return torch.cat(parts)
+
+
+def guidance_branches(fp, where: str) -> int:
+    """The pipeline's batched guidance branches; refuses pipelines without them."""
+    facts = pipeline_facts(fp.pipe)
+    if len(facts.cfg_layout) < 2:
+        raise UnsupportedModelError(
+            f"{where} needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} has none "
+            f"(supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
+        )
+    if facts.list_batch:
+        raise UnsupportedModelError(f"{where} splits batched tensors by branch; {type(fp.pipe).__name__} passes "
+                                    "its batch as lists of per-image tensors")  # fmt: skip
+    return len(facts.cfg_layout)
+
+
+def install_branch_split(fp, branches: int, branch: int, group=None) -> Handle:
+    """Hook the denoiser so that this rank runs guidance branch ``branch`` of ``branches`` (ranks in ``group``)."""
+    return install_hook(
+        fp.denoiser, BranchSplitHook(fp.context, branches, branch, group), HOOK_NAME, fp.context
+    )
 
 
 @register
 @dataclasses.dataclass(frozen=True)
-class Parallel(Accelerator):
-    """Split work across the ranks of a ``torch.distributed`` group. Example: ``parallel(mode=cfg,devices=2)``.
+class ParallelCfg(ParallelConfig):
+    """One guidance branch per rank. Example: ``parallel(mode=cfg,devices=2)``."""
 
-    ``mode=cfg``: one guidance branch per rank. ``mode=async``: the denoiser in ``stages`` (default: devices)
-    stages, one per rank, AsyncDiff-style (fastdiff/parallel/async_.py), after ``warmup`` whole calls, with
-    activations exchanged every ``stride`` calls; the last ``cooldown`` steps run whole again (their small
-    updates are where stale activations show most); ``extrapolate=1`` carries the stale activations on
-    linearly to the current timestep. ``mode=cfg+async``: both, devices = branches x stages.
-    """
-
-    mode: str = "cfg"
+    mode: Literal["cfg"] = "cfg"
     devices: int = 2
-    stages: int | None = None
-    warmup: int = DEFAULT_WARMUP
-    stride: int = 1
-    cooldown: int = 0
-    extrapolate: int = 0
 
-    spec_name = "parallel"
-    kind = "parallel"
-
-    @property
-    def touches(self) -> frozenset[str]:  # per mode: async hooks the denoiser's layers, cfg splits its batch
-        split = {"denoiser.batch"} if "cfg" in self.mode else set()
-        layers = {"denoiser.blocks"} if "async" in self.mode else set()
-        return frozenset({"denoiser.forward", *split, *layers})
-
-    @property
-    def exclusive(self) -> frozenset[str]:  # deepcache/blockcache (blocks), cfg-interval/students (batch)
-        return self.touches - {"denoiser.forward"}
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise AcceleratorError(f"parallel: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if isinstance(self.cooldown, bool) or not isinstance(self.cooldown, int) or self.cooldown < 0:
-            raise AcceleratorError(f"parallel: cooldown must be an integer >= 0, got {self.cooldown!r}")
-        if isinstance(self.extrapolate, bool) or self.extrapolate not in (0, 1):
-            raise AcceleratorError(
-                f"parallel: extrapolate must be 0 (off) or 1 (linear), got {self.extrapolate!r}"
-            )
-        for name in ("devices", "warmup", "stride"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AcceleratorError(f"parallel: {name} must be a positive integer, got {value!r}")
-        if self.mode == "cfg":
-            given = [n for n, v in (("stages", self.stages), ("warmup", self.warmup), ("stride", self.stride),
-                                    ("cooldown", self.cooldown), ("extrapolate", self.extrapolate))
-                     if v != {"stages": None, "warmup": DEFAULT_WARMUP, "stride": 1, "cooldown": 0,
-                              "extrapolate": 0}[n]]  # fmt: skip
-            if given:
-                raise AcceleratorError(
-                    f"parallel: {', '.join(given)} apply to mode=async and mode=cfg+async only"
-                )
-            return
-        if self.stages is not None and (isinstance(self.stages, bool) or self.stages < 2):
-            raise AcceleratorError(f"parallel: stages must be an integer >= 2, got {self.stages!r}")
-        per_stage = 2 if self.mode == "cfg+async" else 1
-        if self.stages is not None and self.stages * per_stage != self.devices:
-            raise AcceleratorError(f"parallel(mode={self.mode}): devices must be {per_stage * self.stages} "
-                                   f"(stages={self.stages}{' x 2 guidance branches' * (per_stage > 1)}), "
-                                   f"got {self.devices}")  # fmt: skip
-        if self.devices % per_stage:
-            raise AcceleratorError(f"parallel(mode=cfg+async): devices must be even (2 guidance branches x "
-                                   f"stages), got {self.devices}")  # fmt: skip
-        if self.stage_count() < 2:
-            raise AcceleratorError(f"parallel(mode={self.mode}) needs at least 2 stages: devices must be >= "
-                                   f"{2 * per_stage}, got {self.devices}")  # fmt: skip
-
-    def stage_count(self) -> int:
-        """Stages of the denoiser (1 for mode=cfg)."""
-        if self.mode == "cfg":
-            return 1
-        return self.stages or self.devices // (2 if self.mode == "cfg+async" else 1)
+    touches = frozenset({"denoiser.forward", "denoiser.batch"})
+    exclusive = frozenset({"denoiser.batch"})  # cfg-interval and baked-guidance students reshape the batch
 
     def apply(self, fp) -> Handle:
-        facts = pipeline_facts(fp.pipe)
-        branches = len(facts.cfg_layout) if "cfg" in self.mode else 1
-        if "cfg" in self.mode and branches < 2:
-            raise UnsupportedModelError(
-                f"parallel(mode={self.mode}) needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} "
-                f"has none (supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
-            )
-        if "cfg" in self.mode and facts.list_batch:
-            raise UnsupportedModelError(
-                f"parallel(mode={self.mode}) splits batched tensors by branch; {type(fp.pipe).__name__} passes its "
-                "batch as lists of per-image tensors"
-            )
-        stages = self.stage_count()
-        if self.devices != branches * stages:
-            raise AcceleratorError(f"parallel(mode={self.mode}) runs one guidance branch per device: devices must "
-                                   f"be {branches * stages}, got {self.devices}")  # fmt: skip
-        if "async" in self.mode:
-            from fastdiff.parallel.async_ import stage_units
-
-            stage_units(fp.denoiser)  # an unsupported denoiser fails before the process group is looked at
-        if not dist.is_available() or not dist.is_initialized():
-            raise AcceleratorError(
-                f"parallel: no torch.distributed process group; start the script with `torchrun "
-                f"--nproc-per-node {self.devices}` (and call dist.init_process_group), or use "
-                "fastdiff.parallel.launch.launch / `fastdiff generate --devices N`"
-            )
-        if dist.get_world_size() != self.devices:
-            raise AcceleratorError(f"parallel: devices={self.devices} but the process group has "
-                                   f"{dist.get_world_size()} ranks")  # fmt: skip
-        rank = dist.get_rank()
-        branch, stage = divmod(rank, stages)  # rank = branch * stages + stage
-        handles = []
-        try:
-            if "async" in self.mode:
-                from fastdiff.parallel.async_ import install_async
-
-                ranks, group = _groups(stages, branches, by="stage")[branch]
-                handles.append(install_async(fp, stages, stage, ranks, group, self.warmup, self.stride,
-                                             self.cooldown, self.extrapolate))  # fmt: skip
-            if "cfg" in self.mode:  # outside the async hook: it hands each stage one branch's half batch
-                _, group = _groups(stages, branches, by="branch")[stage]
-                hook = BranchSplitHook(fp.context, branches, branch, group)
-                handles.append(install_hook(fp.denoiser, hook, HOOK_NAME, fp.context))
-        except BaseException:
-            for handle in reversed(handles):
-                handle.remove()
-            raise
-        return handles[0] if len(handles) == 1 else HandleGroup(handles)
-
-
-def _groups(stages: int, branches: int, by: str) -> list[tuple[list[int], object]]:
-    """Process groups of ranks that differ only in their stage (``by="stage"``: one per branch) or only in
-    their branch (one per stage). Every rank creates every group (torch.distributed requires it); a single
-    group spanning the world is the default group."""
-    if by == "stage":
-        sets = [[b * stages + s for s in range(stages)] for b in range(branches)]
-    else:
-        sets = [[b * stages + s for b in range(branches)] for s in range(stages)]
-    if len(sets) == 1:
-        return [(sets[0], None)]
-    return [(ranks, dist.new_group(ranks)) for ranks in sets]
+        branches = guidance_branches(fp, "parallel(mode=cfg)")
+        if self.devices != branches:
+            raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
+                                   f"{branches}, got {self.devices}")  # fmt: skip
+        return install_branch_split(fp, branches, self.group_rank())
