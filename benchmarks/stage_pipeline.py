@@ -31,8 +31,8 @@ import torch
 
 from fastdiff import FastPipeline
 from fastdiff.parallel.launch import retain_freed_memory
-from fastdiff.parallel.stage_workers import STAGE_FUNCTIONS, STAGES
-from fastdiff.parallel.stages import StagePipeline
+from fastdiff.serving.stage_workers import STAGE_FUNCTIONS, STAGES
+from fastdiff.serving.stages import StagePipeline
 from fastdiff.zoo import build
 
 RESULTS = Path(__file__).resolve().parent / "results"

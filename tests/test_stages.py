@@ -13,8 +13,8 @@ import torch
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.models import UnsupportedModelError
-from fastdiff.parallel.stage_workers import STAGE_FUNCTIONS, STAGES, stage_of
-from fastdiff.parallel.stages import StageError, StagePipeline
+from fastdiff.serving.stage_workers import STAGE_FUNCTIONS, STAGES, stage_of
+from fastdiff.serving.stages import StageError, StagePipeline
 from fastdiff.zoo import build
 
 SPECS = "scheduler(name=dpm++2m,steps=4);deepcache(interval=2);promptcache(size=4)"

@@ -3,7 +3,8 @@
 ``fastdiff serve MODEL --profile NAME=SPECS ...`` runs it (``--ray --replicas N`` on Ray Serve); see
 docs/serving.md. Modules: ``schemas`` (request validation), ``batcher`` (dynamic batching), ``engine``
 (profiles and per-image seeds on the pipeline), ``metrics`` (Prometheus), ``app`` (FastAPI + uvicorn),
-``ray_app`` (Ray Serve deployment).
+``ray_app`` (Ray Serve deployment). ``stages`` (``StagePipeline``, docs/stages.md) streams requests through text
+encoder, denoiser and VAE decoder on separate worker processes, for throughput without a server.
 
 Example::
 

@@ -22,7 +22,7 @@ Measured figures in docs/stages.md.
 Example (in a script, under ``if __name__ == "__main__":``: the workers import the main module)::
 
     import torch
-    from fastdiff.parallel.stages import StagePipeline
+    from fastdiff.serving.stages import StagePipeline
     from fastdiff.zoo import build
 
     model = build("tiny-sd", "/tmp/tiny-sd", size="test")
@@ -50,7 +50,7 @@ import torch
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.parallel.launch import ParallelError
-from fastdiff.parallel.stage_workers import PROMPT_EMBEDS, STAGES, layout, serve
+from fastdiff.serving.stage_workers import PROMPT_EMBEDS, STAGES, layout, serve
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 SET_BY_STAGES = ("prompt_embeds", "negative_prompt_embeds", "return_dict")  # requests may not pass these

@@ -8,7 +8,7 @@ pieces only: ``encode_prompt`` (text), the pipeline call with ``prompt_embeds`` 
 Example (one process, the stages one after another; ``StagePipeline`` puts them on separate processes)::
 
     from fastdiff.core.pipeline import FastPipeline
-    from fastdiff.parallel.stage_workers import STAGE_FUNCTIONS
+    from fastdiff.serving.stage_workers import STAGE_FUNCTIONS
 
     fp = FastPipeline.from_pretrained("/tmp/tiny-sd", accelerators="scheduler(name=dpm++2m,steps=4)")
     item = {"prompt": ["a red fox"], "guidance_scale": 5.0, "output_type": "np"}
