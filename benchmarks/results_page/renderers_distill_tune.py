@@ -106,6 +106,25 @@ def r_tune_run(d: dict) -> str:
     )
 
 
+def r_tune_side_by_side(d: dict) -> str:
+    """A tuner run, then its ``--compare`` bench: the baseline, the named configs and the best, in one run."""
+    out = r_tune_run(d)
+    rows = d.get("side_by_side", {}).get("configs", [])
+    if rows:
+        out += "\n\nRe-timed side by side in one `fastdiff bench` run (CPU time):\n\n" + table(
+            [
+                ("config", lambda r: r["name"]),
+                ("spec", lambda r: code(r["specs"])),
+                ("CPU speedup", lambda r: fx(r.get("cpu_speedup"), 2)),
+                ("accuracy", lambda r: pct(r.get("accuracy"))),
+                ("FD", lambda r: num(r.get("fd"))),
+                ("PSNR vs baseline", lambda r: num(r.get("psnr"))),
+            ],
+            rows,
+        )
+    return out
+
+
 SECTIONS: dict[str, Section] = {
     "distill_g2": Section(
         GROUPS[4],
@@ -148,6 +167,14 @@ SECTIONS: dict[str, Section] = {
         "`fastdiff tune`",
         "Every measurement of the search under `fd<=1.2x`.",
         r_tune_run,
+    ),
+    "tune_digits_flow": Section(
+        GROUPS[5],
+        "Tuner run: digits-flow",
+        "`fastdiff tune`",
+        "The tuner on the flow-matching reference (flow samplers x steps x caching x guidance window) against flow "
+        "Euler 28 at the model's guidance 1.5, within 1 accuracy point and 1.2x the FD.",
+        r_tune_side_by_side,
     ),
     "tune_digits_students": Section(
         GROUPS[5],
