@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +52,7 @@ MATRIX_SPECS = {
     "cfg-interval": "cfg-interval(start=0.0,end=0.5)",
     "promptcache": "promptcache",
     "tome": "tome(ratio=0.5,max_downsample=2)",
-    "quantize": "quantize(mode=int8-dynamic)",
+    "quantize": "quantize(mode=int8-weight)",  # the same torchao path as int8-dynamic at a third of the CPU time
     "prune": "prune(ratio=0.25)",
     "sparsity": "sparsity",
     "lowrank": "lowrank(energy=0.9)",
@@ -220,18 +221,30 @@ def _plain_supports(pipe, habit: str, extra: dict) -> bool:
     return _PLAIN_OK[key]
 
 
+_BASELINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> its plain output
+
+
+def baseline(pipe) -> np.ndarray:
+    """The plain pipeline's output, computed at its first use: every cell on the pipeline compares with it, so a
+    cell that leaves anything behind shows in the next. (A fresh pipeline's first call installs transformers'
+    lazy output-capturing hooks: module states are taken after it.)"""
+    if pipe not in _BASELINES:
+        _BASELINES[pipe] = _call(pipe, pipe)
+    return _BASELINES[pipe]
+
+
 def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
     """Apply ``spec`` to ``pipe`` (a plain diffusers pipeline) and run every habit; the pipe ends as it began."""
     cell = Cell(variant or type(pipe).__name__, spec)
     (config,) = parse(spec)
     habits = habits_of(pipe)
-    _call(pipe, pipe)  # a fresh pipeline's first call installs transformers' lazy output-capturing hooks
+    base = baseline(pipe)
     pristine = module_state(pipe)
     twin = sibling(pipe)  # made before acceleration; shares every component
     twin.set_progress_bar_config(disable=True)
     fp = FastPipeline(pipe)
     try:
-        _run_cell(cell, fp, pipe, twin, config, habits)
+        _run_cell(cell, fp, pipe, twin, config, habits, base)
     finally:
         fp.unwrap()
     diffs = state_differences(pristine, module_state(pipe))
@@ -239,8 +252,7 @@ def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
     return cell
 
 
-def _run_cell(cell: Cell, fp: FastPipeline, pipe, twin, config, habits) -> None:
-    base = _call(fp, pipe)
+def _run_cell(cell: Cell, fp: FastPipeline, pipe, twin, config, habits, base) -> None:
     before = module_state(pipe)
     try:
         handle = fp.accelerate(config)
