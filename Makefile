@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint clean test-xla fuzz-server soak wheel docs
+.PHONY: venv demo test lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
 
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,11 @@ TEST_WORKERS ?= 2
 
 test: venv
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# benchmarks/gpu.py's whole dry run on the CPU (tiny models, fp16 and bf16; the suite runs bf16 only): run it
+# before spending a lent GPU's minutes on `sh benchmarks/gpu.sh`
+gpu-dry-run: venv
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py --dry-run --out /tmp/gpu_dry_run.json
 
 # The longer schemathesis profile of the server (the suite runs 200 examples per operation): results/fuzz_server.json
 fuzz-server: venv
