@@ -1,5 +1,5 @@
 """Wrapping never changes a call that works unwrapped: for every pipeline class the zoo builds (the tiny
-models and their img2img / inpaint / ControlNet / adapter variants), the same
+models, the video models and their img2img / inpaint / ControlNet / adapter variants), the same
 seeded call gives bit-identical images unwrapped, wrapped in a FastPipeline with no accelerator, and after
 ``unwrap()``."""
 
@@ -10,9 +10,10 @@ from fastdiff import FastPipeline
 from fastdiff.eval.compat import _call as seeded_call
 from fastdiff.zoo.tiny import PIPELINE_MAKERS, make_pipeline
 from fastdiff.zoo.tiny_flow import FLOW_MAKERS
+from fastdiff.zoo.tiny_video import VIDEO_MAKERS
 from fastdiff.zoo.variants import VARIANTS
 
-NAMES = sorted({*PIPELINE_MAKERS, *FLOW_MAKERS, *VARIANTS})
+NAMES = sorted({*PIPELINE_MAKERS, *FLOW_MAKERS, *VIDEO_MAKERS, *VARIANTS})
 
 
 @pytest.mark.parametrize("name", NAMES)

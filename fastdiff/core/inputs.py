@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdiff.core.models import find_denoiser, pipeline_facts
+from fastdiff.core.models import find_denoiser, pipeline_facts, spatial_factor
 
 PROMPTS = [
     "a photograph of an astronaut riding a horse",
@@ -57,9 +57,11 @@ def make_inputs(
         if kwargs[facts.guidance_arg] > facts.cfg_above and takes_negative:
             kwargs["negative_prompt"] = [" "] * batch
     kwargs.update(facts.bench_call)
+    declared = model_call(pipe)  # a model's own benchmark call: side (square) and clip length
     if "height" in inspect.signature(pipe.__call__).parameters:
-        side = side or default_side(pipe)
+        side = side or declared.get("height") or default_side(pipe)
         kwargs.update(height=side, width=side)
+    kwargs.update({k: v for k, v in declared.items() if k not in ("height", "width")})
     if facts.image_inputs:
         side = side or default_side(pipe)
         for i, name in enumerate(facts.image_inputs):
@@ -71,10 +73,12 @@ def make_inputs(
 def default_side(pipe) -> int:
     """The image side a pipeline generates by default: its default sample size times the VAE's factor."""
     _, denoiser = find_denoiser(pipe)
-    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size
+    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.get("sample_size")
+    if sample is None:  # video transformers keep no sample size: the call's own default height
+        return int(inspect.signature(pipe.__call__).parameters["height"].default)
     if isinstance(sample, (tuple, list)):
         sample = sample[0]
-    return int(sample * getattr(pipe, "vae_scale_factor", 1))
+    return int(sample * spatial_factor(pipe))
 
 
 def synthetic_image(height: int, width: int, seed: int = 0, mask: bool = False) -> Image.Image:
@@ -105,6 +109,12 @@ def model_eval_settings(pipe) -> dict:
     except ValueError:  # an in-memory pipeline
         return {}
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def model_call(pipe) -> dict:
+    """Call arguments a model declares for benchmarks (the tiny video models: clip size and length), from the
+    in-memory pipeline's ``fastdiff_bench_call`` or its directory's ``eval/prompts.json`` (``call``); else {}."""
+    return dict(getattr(pipe, "fastdiff_bench_call", None) or model_eval_settings(pipe).get("call", {}))
 
 
 def model_prompts(pipe) -> list[str] | None:

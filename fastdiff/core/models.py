@@ -55,6 +55,7 @@ class PipelineFacts:
     # not when this pipeline config flag is set (Flux.2 Klein: is_distilled)
     cfg_needs_negative: bool = False
     cfg_off_config: str = ""
+    frames: bool = False  # a video pipeline: returns ``frames`` (batch, frames, height, width, channels)
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
@@ -131,6 +132,23 @@ _FLOW_VARIANTS = {
                                          bench_call=_EXACT_SIZE, size_multiple=8),
 }  # fmt: skip
 PIPELINES.update(_FLOW_VARIANTS)
+
+# Video pipelines (``output.frames``). Wan runs guidance as a second call per step (cond, then uncond) whenever
+# guidance_scale > 1; HunyuanVideo embeds guidance like Flux-dev and runs true CFG only with a negative prompt;
+# CogVideoX (a v-prediction DDIM model) and LTX-Video batch (uncond, cond).
+_VIDEO_PIPELINES = {
+    "WanPipeline": PipelineFacts("prompt", (), 5.0, cfg_sequence=("cond", "uncond"), family="Wan", latent_multiple=2,
+                                 frames=True),
+    "CogVideoXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 6.0, family="CogVideoX", latent_multiple=2,
+                                       size_multiple=8, frames=True),
+    "LTXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 3.0, family="LTX-Video", passes_sigmas="always",
+                                 passes_mu=True, size_multiple=32, frames=True),
+    "HunyuanVideoPipeline": PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"),
+                                          guidance_arg="true_cfg_scale", cfg_needs_negative=True, passes_sigmas="always",
+                                          family="HunyuanVideo", guidance_embeds_flag="guidance_embeds",
+                                          latent_multiple=2, frames=True),
+}  # fmt: skip
+PIPELINES.update(_VIDEO_PIPELINES)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
     PIPELINES["StableDiffusionPipeline"], prompt_embeds=("prompt_embeds", "negative_prompt_embeds")
 )
@@ -139,6 +157,16 @@ PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
 DENOISER_ATTRS = ("unet", "transformer")
 # Attribute names of text encoders (prompt cache, profiling).
 TEXT_ENCODER_ATTRS = ("text_encoder", "text_encoder_2")
+
+
+def spatial_factor(pipe) -> int:
+    """Pixels per latent pixel: the VAE's spatial downsampling (image pipelines' ``vae_scale_factor``, video
+    pipelines' ``vae_scale_factor_spatial`` or LTX's ``vae_spatial_compression_ratio``); 1 in pixel space."""
+    for name in ("vae_scale_factor", "vae_scale_factor_spatial", "vae_spatial_compression_ratio"):
+        value = getattr(pipe, name, None)
+        if value:
+            return int(value)
+    return 1
 
 
 def pipeline_facts(pipe) -> PipelineFacts:
@@ -280,6 +308,14 @@ DENOISERS: dict[str, DenoiserFacts] = {
     "PixArtTransformer2DModel": DenoiserFacts(
         "transformer", ("transformer_blocks",), ("BasicTransformerBlock",)
     ),
+    # Video transformers: one stack of blocks over (frames x height x width) patches and the text (HunyuanVideo:
+    # dual-stream, then single-stream, like Flux).
+    "WanTransformer3DModel": DenoiserFacts("transformer", ("blocks",)),
+    "CogVideoXTransformer3DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "LTXVideoTransformer3DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "HunyuanVideoTransformer3DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks", "single_transformer_blocks")
+    ),
 }
 
 # Sub-layers of each block class whose outputs fixed-interval block caching (FORA) may reuse: attention and MLPs.
@@ -293,6 +329,11 @@ REUSABLE_LAYERS: dict[str, tuple[str, ...]] = {
     "QwenImageTransformerBlock": ("attn", "img_mlp", "txt_mlp"),
     "ZImageTransformerBlock": ("attention", "feed_forward"),
     "SanaTransformerBlock": ("attn1", "attn2", "ff"),
+    "WanTransformerBlock": ("attn1", "attn2", "ffn"),
+    "CogVideoXBlock": ("attn1", "ff"),
+    "LTXVideoTransformerBlock": ("attn1", "attn2", "ff"),
+    "HunyuanVideoTransformerBlock": ("attn", "ff", "ff_context"),
+    "HunyuanVideoSingleTransformerBlock": ("attn", "proj_mlp"),
 }
 
 # Where a block modulates its input by the timestep embedding (TeaCache's indicator): the adaLN submodule, called
@@ -301,6 +342,8 @@ MODULATION: dict[str, tuple[str, str]] = {
     "FluxTransformerBlock": ("norm1", "temb"),
     "FluxSingleTransformerBlock": ("norm", "temb"),
     "JointTransformerBlock": ("norm1", "temb"),
+    "HunyuanVideoTransformerBlock": ("norm1", "temb"),
+    "HunyuanVideoSingleTransformerBlock": ("norm", "temb"),
 }
 
 

@@ -37,7 +37,14 @@ from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach, reset_call_state
 from fastdiff.core.loading import load_pipeline
-from fastdiff.core.models import PIPELINES, UnsupportedModelError, cfg_enabled, find_denoiser, separate_cfg
+from fastdiff.core.models import (
+    PIPELINES,
+    UnsupportedModelError,
+    cfg_enabled,
+    find_denoiser,
+    separate_cfg,
+    spatial_factor,
+)
 from fastdiff.core.registry import (
     Accelerator,
     AcceleratorError,
@@ -46,6 +53,7 @@ from fastdiff.core.registry import (
     check_device,
 )
 from fastdiff.core.spec import parse
+from fastdiff.core.tensors import pixels
 
 # Declared touches of accelerators that change the denoiser's weights or layers (LoRA changes under them are refused).
 WEIGHT_TOUCHES = frozenset({"denoiser.weights", "denoiser.structure"})
@@ -309,7 +317,7 @@ class FastPipeline:
     def size_factor(self) -> int:
         """Image sizes must be multiples of this: VAE downsampling times the denoiser's own downsampling, and
         what the pipeline's own input checks require (``PipelineFacts.size_multiple`` / ``latent_multiple``)."""
-        vae_factor = getattr(self.pipe, "vae_scale_factor", 1) or 1
+        vae_factor = spatial_factor(self.pipe)
         blocks = getattr(self.denoiser.config, "block_out_channels", None)
         patch = getattr(self.denoiser.config, "patch_size", None) or 1
         if isinstance(patch, (tuple, list)):  # video transformers patch (frames, height, width): Wan
@@ -372,7 +380,7 @@ def _call_default(cls, name: str):
 
 
 def _check_finite(output: Any) -> None:
-    images = getattr(output, "images", None)
+    images = pixels(output)
     if isinstance(images, torch.Tensor):
         finite = bool(torch.isfinite(images).all())
     elif isinstance(images, np.ndarray):

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from diffusers.utils import logging as diffusers_logging
 
+# What an in-memory tiny build sets on its pipeline: its default size (fastdiff.zoo.tiny_flow) and its benchmark
+# call (fastdiff.zoo.tiny_video: clip size and length)
+BUILD_DEFAULTS = ("default_sample_size", "fastdiff_bench_call")
+
 
 def sibling(pipe, cls=None, **components):
     """``cls.from_pipe(pipe, **components)`` (default: the same class): a pipeline sharing ``pipe``'s modules."""
@@ -21,6 +25,7 @@ def sibling(pipe, cls=None, **components):
         twin = (cls or type(pipe)).from_pipe(pipe, **components)
     finally:
         diffusers_logging.set_verbosity(level)
-    if "default_sample_size" in pipe.__dict__:  # a tiny build's own default size (fastdiff.zoo.tiny_flow)
-        twin.default_sample_size = pipe.default_sample_size
+    for name in BUILD_DEFAULTS:
+        if name in pipe.__dict__:
+            setattr(twin, name, pipe.__dict__[name])
     return twin

@@ -60,3 +60,10 @@ def unstack_like(value: Any, template: Any, batch: int) -> Any:
         items = {k: unstack_like(value[k], t, batch) for k, t in template.items()}
         return type(template)(**items) if dataclasses.is_dataclass(template) else type(template)(items)
     return value
+
+
+def pixels(output) -> Any:
+    """What a pipeline call produced: ``output.images`` (image pipelines) or ``output.frames`` (video pipelines:
+    batch x frames x height x width x channels with ``output_type="np"``); None for other outputs."""
+    images = getattr(output, "images", None)
+    return images if images is not None else getattr(output, "frames", None)

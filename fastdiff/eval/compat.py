@@ -36,12 +36,13 @@ import numpy as np
 import torch
 
 from fastdiff.core.hooks import DirectCallError
-from fastdiff.core.inputs import make_inputs
-from fastdiff.core.models import UnsupportedModelError, find_denoiser
+from fastdiff.core.inputs import default_side, make_inputs, model_call
+from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.core.siblings import sibling
 from fastdiff.core.spec import parse
+from fastdiff.core.tensors import pixels
 
 # One setting per accelerator that applies to the zoo's test-size models; a test keeps it complete.
 MATRIX_SPECS = {
@@ -190,7 +191,7 @@ def _call(target, pipe, seed: int = 0, batch: int = 1, steps: int = STEPS, side:
         kwargs.update(height=side, width=side)
     kwargs.update(extra)
     generator = torch.Generator().manual_seed(seed)
-    return target(**kwargs, num_inference_steps=steps, output_type="np", generator=generator).images
+    return pixels(target(**kwargs, num_inference_steps=steps, output_type="np", generator=generator))
 
 
 def _callback_args(pipe) -> dict | None:
@@ -238,10 +239,12 @@ def check_cell(pipe, spec: str, variant: str | None = None) -> Cell:
     cell = Cell(variant or type(pipe).__name__, spec)
     (config,) = parse(spec)
     habits = habits_of(pipe)
+    # made first: before acceleration, and before the snapshots, as from_pipe may cast buffers (CogVideoX keeps a
+    # float64 positional table that it casts to the transformer's dtype)
+    twin = sibling(pipe)  # shares every component
+    twin.set_progress_bar_config(disable=True)
     base = baseline(pipe)
     pristine = module_state(pipe)
-    twin = sibling(pipe)  # made before acceleration; shares every component
-    twin.set_progress_bar_config(disable=True)
     fp = FastPipeline(pipe)
     try:
         _run_cell(cell, fp, pipe, twin, config, habits, base)
@@ -294,10 +297,7 @@ def _direct_call(cell: Cell, pipe, base, accelerated) -> None:
 
 def habits_of(pipe) -> list[tuple[str, dict]]:
     """The call habits a pipeline supports on its own (checked once per pipeline class, before accelerating)."""
-    _, denoiser = find_denoiser(pipe)
-    default = (getattr(pipe, "default_sample_size", None) or denoiser.config.sample_size) * getattr(
-        pipe, "vae_scale_factor", 1
-    )
+    default = model_call(pipe).get("height") or default_side(pipe)
     side = default + 8  # SD pipelines want multiples of 8
     habits = [("steps 6", dict(steps=6)), ("batch 2", dict(batch=2))]
     if "height" in inspect.signature(pipe.__call__).parameters:

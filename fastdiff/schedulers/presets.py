@@ -215,7 +215,16 @@ def sampler_problem(preset: str, pipe, scheduler) -> str | None:
             f"{type(pipe).__name__}'s model shifts its timesteps by image size (use_dynamic_shifting), "
             f"which {cls_name} cannot do"
         )
+    reshaped = [k for k in SCHEDULE_SHAPING if scheduler.config.get(k) and k not in _init_params(cls_name)]
+    if reshaped:  # from_config would drop the key and sample another noise schedule than the model's
+        settings = ", ".join(f"{k}={scheduler.config[k]}" for k in reshaped)
+        return f"the model's {type(scheduler).__name__} reshapes its noise schedule ({settings}), which {cls_name} cannot"
     return None
+
+
+# Scheduler settings that change the noise schedule itself (CogVideoX's SNR shift, zero-terminal-SNR betas): a
+# preset class without them would sample another schedule than the model was trained on.
+SCHEDULE_SHAPING = ("snr_shift_scale", "rescale_betas_zero_snr")
 
 
 def _takes_passed_sigmas(preset: str, passes: str) -> bool:

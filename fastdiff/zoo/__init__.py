@@ -46,4 +46,5 @@ def _load_builders() -> None:
         reference_sd,
         tiny,
         tiny_flow,
+        tiny_video,
     )

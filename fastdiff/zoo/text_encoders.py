@@ -31,6 +31,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 from transformers import (
     Gemma2Config,
     GemmaTokenizer,
+    LlamaConfig,
     Mistral3Config,
     Qwen2_5_VLConfig,
     Qwen2Tokenizer,
@@ -263,6 +264,11 @@ def gemma2_config(tokenizer: GemmaTokenizer, width: int, layers: int, heads: int
 def qwen3_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: int) -> Qwen3Config:
     """A Qwen3 config (grouped-query attention with q/k norms)."""
     return Qwen3Config(**_decoder_fields(tokenizer, width, layers, heads, 3, 4096, chatml=True))
+
+
+def llama_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: int) -> LlamaConfig:
+    """A Llama config (HunyuanVideo's text encoder is a Llama-shaped decoder) over a byte-level BPE tokenizer."""
+    return LlamaConfig(**_decoder_fields(tokenizer, width, layers, heads, 3, 4096, chatml=True))
 
 
 def qwen2_5_vl_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: int) -> Qwen2_5_VLConfig:

@@ -1,8 +1,9 @@
 """Every tiny model by name (``make_pipeline``), and the zoo builders of the UNet-family tiny pipelines.
 
 The pipelines themselves come from ``fastdiff.zoo.tiny_base`` (SD, SDXL, DiT, DDPM: sizes and parameter counts
-there), ``fastdiff.zoo.tiny_flow`` (flow-matching transformers, PixArt-Sigma) and ``fastdiff.zoo.variants``
-(img2img, inpaint, ControlNet, T2I-Adapter over them); this module sits above the three.
+there), ``fastdiff.zoo.tiny_flow`` (flow-matching transformers, PixArt-Sigma), ``fastdiff.zoo.tiny_video``
+(Wan, CogVideoX, LTX-Video, HunyuanVideo) and ``fastdiff.zoo.variants``
+(img2img, inpaint, ControlNet, T2I-Adapter over them); this module sits above them.
 
 Example::
 
@@ -27,6 +28,7 @@ from fastdiff.zoo.tiny_base import (  # noqa: F401  (re-exported: the tests and 
     make_tiny_sdxl,
 )
 from fastdiff.zoo.tiny_flow import FLOW_MAKERS, make_flow_pipeline
+from fastdiff.zoo.tiny_video import VIDEO_MAKERS, make_video_pipeline
 from fastdiff.zoo.variants import VARIANTS, make_variant
 
 
@@ -41,8 +43,10 @@ def make_pipeline(name: str, size: str = "test", seed: int = 0) -> DiffusionPipe
         return make_variant(name, size, seed)
     if name in FLOW_MAKERS:  # flow-matching transformers (Flux, SD3, Qwen-Image ...) and PixArt-Sigma
         return make_flow_pipeline(name, size, seed)
+    if name in VIDEO_MAKERS:  # Wan, CogVideoX, LTX-Video, HunyuanVideo
+        return make_video_pipeline(name, size, seed)
     if name not in PIPELINE_MAKERS:
-        known = ", ".join([*PIPELINE_MAKERS, *FLOW_MAKERS, *VARIANTS])
+        known = ", ".join([*PIPELINE_MAKERS, *FLOW_MAKERS, *VIDEO_MAKERS, *VARIANTS])
         raise ValueError(f"unknown tiny model {name!r}; available: {known}")
     return PIPELINE_MAKERS[name](size, seed)
 

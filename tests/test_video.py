@@ -1,0 +1,118 @@
+"""The video pipelines (Wan, CogVideoX, LTX-Video, HunyuanVideo): tiny builds that save, reload and generate
+clips; their guidance layout as the facts predict it; and their row of the compatibility matrix (every
+accelerator works under every habit or is refused at ``apply`` naming the family and why)."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from the hub; set before diffusers is imported
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from diffusers import DiffusionPipeline  # noqa: E402
+from flow_matrix import JOINT_PROCESSOR, NO_ATTENTION_LAYER, NOT_PRUNABLE, check  # noqa: E402
+from helpers import assert_plausible_images, in_fresh_memory, saved_zoo_pipelines  # noqa: E402
+
+from fastdiff import AcceleratorError, FastPipeline  # noqa: E402
+from fastdiff.core.inputs import make_inputs  # noqa: E402
+from fastdiff.core.models import cfg_enabled, separate_cfg  # noqa: E402
+from fastdiff.eval.compat import MATRIX_SPECS  # noqa: E402
+from fastdiff.zoo.tiny_video import VIDEO_MAKERS, make_video_pipeline  # noqa: E402
+
+MODELS = list(VIDEO_MAKERS)
+CLIP = (1, 9, 32, 32, 3)  # batch, frames, height, width, channels
+_COMMON = {"deepcache": "needs a UNet", "tome": "tome does not support", "prune": NOT_PRUNABLE}
+REFUSALS = {
+    "tiny-wan": {**_COMMON, "fuse": NO_ATTENTION_LAYER, "attention": NO_ATTENTION_LAYER},
+    "tiny-ltx": {**_COMMON, "fuse": NO_ATTENTION_LAYER, "attention": NO_ATTENTION_LAYER},
+    "tiny-cogvideox": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR,
+                       "scheduler": "reshapes its noise schedule (snr_shift_scale=3.0)"},
+    "tiny-hunyuan-video": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR},
+}  # fmt: skip
+EVERY = [a for a in MATRIX_SPECS if a != "compile"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return saved_zoo_pipelines(tmp_path_factory, MODELS, make_video_pipeline)
+
+
+def clip(pipe, seed: int = 0, **extra) -> np.ndarray:
+    """A 2-step 9-frame 32px clip (``pipe``: a pipeline or a FastPipeline over one)."""
+    kwargs = {
+        **make_inputs(getattr(pipe, "pipe", pipe), 1),
+        "num_inference_steps": 2,
+        "output_type": "np",
+        **extra,
+    }
+    return pipe(**kwargs, generator=torch.Generator().manual_seed(seed)).frames
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_builds_reload_and_generate_the_same_clip(name, saved):
+    in_memory, directory = saved[name]
+    assert json.loads((directory / "eval" / "prompts.json").read_text())["call"]["num_frames"] == 9
+    reloaded = in_fresh_memory(DiffusionPipeline.from_pretrained(directory))
+    reloaded.set_progress_bar_config(disable=True)
+    assert type(reloaded) is type(in_memory)
+    expected = clip(in_memory)
+    assert_plausible_images(expected.reshape(-1, 32, 32, 3), (9, 32, 32, 3))
+    assert expected.shape == CLIP and np.array_equal(clip(reloaded), expected)
+    assert not np.array_equal(clip(in_memory, seed=1), expected)
+
+
+def test_guidance_layout_is_known_before_the_call(saved):
+    """Wan runs guidance as a second denoiser call per step, HunyuanVideo only with a negative prompt and
+    true_cfg_scale > 1, CogVideoX and LTX-Video batch both branches: as the facts say before the call."""
+    cases = {
+        "tiny-wan": [({}, 4, 1), (dict(guidance_scale=1.0), 2, 1)],
+        "tiny-hunyuan-video": [({}, 2, 1), (dict(negative_prompt="blur", true_cfg_scale=3.0), 4, 1)],
+        "tiny-cogvideox": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
+        "tiny-ltx": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
+    }
+    for name, calls in cases.items():
+        fp = FastPipeline(saved[name][0])
+        for extra, denoiser_calls, batch in calls:
+            kwargs = {**make_inputs(fp.pipe, 1), **extra}
+            batches = []
+            hook = fp.denoiser.register_forward_pre_hook(
+                lambda _, args, kw, seen=batches: seen.append(len((args or [kw["hidden_states"]])[0])),
+                with_kwargs=True,
+            )
+            try:
+                assert np.isfinite(fp(**kwargs, num_inference_steps=2, output_type="np").frames).all()
+            finally:
+                hook.remove()
+            assert fp.context.denoiser_calls == denoiser_calls, (name, extra)
+            assert set(batches) == {batch}, (name, extra, batches)
+            assert separate_cfg(fp.pipe, kwargs) == (denoiser_calls == 4), (name, extra)
+            assert cfg_enabled(fp.pipe, kwargs) == (batch == 2), (name, extra)
+        fp.unwrap()
+
+
+@pytest.mark.parametrize("accelerator", EVERY)
+@pytest.mark.parametrize("name", MODELS)
+def test_cell(name, accelerator):
+    check(name, accelerator, REFUSALS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_block_cache_modes(name, saved):
+    """First-block and FORA caching run on every family; the TeaCache indicator needs the block's modulation
+    facts (HunyuanVideo has them, like Flux) and is refused elsewhere, naming the block."""
+    fp = FastPipeline(saved[name][0])
+    base = clip(fp)
+    for mode in ("first-block", "interval", "teacache"):
+        try:
+            handle = fp.accelerate(f"blockcache(mode={mode})")
+        except AcceleratorError as error:
+            assert mode == "teacache" and name != "tiny-hunyuan-video", str(error)
+            assert "Block" in str(error), str(error)
+            continue
+        out = clip(fp, num_inference_steps=6)
+        assert np.isfinite(out).all() and out.shape == CLIP
+        handle.remove()
+    assert np.array_equal(clip(fp), base)
+    fp.unwrap()
