@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
+.PHONY: venv demo test test-ray lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
 
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,7 +24,11 @@ demo: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not ray"
+
+# Ray Serve with two replicas, one killed under load (Ray's own start-up is most of its 1.5-2.5 minutes)
+test-ray: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ray tests/test_serving.py
 
 # benchmarks/gpu.py's whole dry run on the CPU (tiny models, fp16 and bf16; the suite runs bf16 only): run it
 # before spending a lent GPU's minutes on `sh benchmarks/gpu.sh`

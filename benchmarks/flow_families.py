@@ -1,4 +1,4 @@
-"""Every accelerator on the bench-size tiny builds of the flow families: speedup and PSNR vs the plain output.
+"""Every accelerator on the bench-size tiny builds of the flow (and video) families: speedup and PSNR vs plain.
 
 Random weights: these figures show that each accelerator runs and what it saves on each family's shape;
 quality claims come from digits-flow (benchmarks/flow_caching.py). Per family, one in-memory pipeline at 256 px,
@@ -7,16 +7,19 @@ warm-up call, then ``--runs`` timed calls interleaved with the others. CPU secon
 the cost; PSNR is against the plain config's images. A config refused at ``accelerate()`` is listed with the
 reason.
 
-    .venv/bin/python benchmarks/flow_families.py --runs 1          # every family
+    .venv/bin/python benchmarks/flow_families.py --runs 1          # every flow family
     .venv/bin/python benchmarks/flow_families.py --families tiny-flux,tiny-sd3
+    .venv/bin/python benchmarks/flow_families.py --families video --out benchmarks/results/video_families.json
 
-Writes ``benchmarks/results/flow_families.json``.
+Writes ``benchmarks/results/flow_families.json`` (video: 9-frame 128 px clips, PSNR over every frame).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 
 from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.core.tensors import pixels
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr
 from fastdiff.zoo.tiny import make_pipeline
@@ -31,6 +35,7 @@ from fastdiff.zoo.tiny import make_pipeline
 RESULTS = Path(__file__).parent / "results"
 FAMILIES = ("tiny-flux", "tiny-flux-schnell", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-sana",
             "tiny-pixart-sigma", "tiny-qwen-image", "tiny-zimage")  # fmt: skip
+VIDEO = ("tiny-wan", "tiny-cogvideox", "tiny-ltx", "tiny-hunyuan-video")
 CONFIGS = {
     "plain": "",
     "flow-unipc": "scheduler(name=flow-unipc)",
@@ -42,6 +47,7 @@ CONFIGS = {
     "promptcache": "promptcache",
     "quantize int8": "quantize(mode=int8-dynamic)",
     "lowrank 0.9": "lowrank(energy=0.9)",
+    "vae-tiling": "vae-tiling",
 }
 
 
@@ -51,7 +57,7 @@ def call(fp, steps: int) -> tuple[np.ndarray, float, int]:
     images = fp(
         **kwargs, num_inference_steps=steps, output_type="np", generator=torch.Generator().manual_seed(0)
     )
-    return images.images, time.process_time() - start, fp.context.nfe
+    return pixels(images), time.process_time() - start, fp.context.nfe
 
 
 def family(name: str, steps: int, runs: int, size: str = "bench") -> list[dict]:
@@ -89,15 +95,18 @@ def family(name: str, steps: int, runs: int, size: str = "bench") -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default="flow", help="flow, video, or model names, comma-separated")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--size", default="bench", choices=["test", "bench"], help="test: a quick dry run")
     parser.add_argument("--out", default=str(RESULTS / "flow_families.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    out = {"steps": args.steps, "runs": args.runs, "threads": 1, "size": args.size, "families": {}}
-    for name in args.families.split(","):
+    out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+           "device": f"CPU, {os.cpu_count()} cores", "steps": args.steps, "runs": args.runs, "threads": 1,
+           "size": args.size, "families": {}}  # fmt: skip
+    names = {"flow": FAMILIES, "video": VIDEO}.get(args.families) or args.families.split(",")
+    for name in names:
         out["families"][name] = family(name, args.steps, args.runs, args.size)
         Path(args.out).write_text(json.dumps(out, indent=1))
         for row in out["families"][name]:

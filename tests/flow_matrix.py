@@ -11,6 +11,9 @@ from fastdiff.eval.compat import check_cell, matrix_spec
 from fastdiff.zoo.tiny import make_pipeline
 
 VARIANT_ACCELERATORS = ("scheduler", "blockcache", "forecast", "cfg-interval", "promptcache", "quantize")
+# accelerators that change only the modules (weights, processors, the VAE's switches): the same on every pipeline
+# over one denoiser class
+MODULE_ONLY = ("quantize", "sparsity", "lowrank", "fuse", "attention", "vae-tiling", "tome", "prune")
 NO_ATTENTION_LAYER = "has no diffusers Attention layer"
 JOINT_PROCESSOR = "only the plain processors"
 NOT_PRUNABLE = "is a transformer of neither kind"

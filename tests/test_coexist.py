@@ -36,7 +36,7 @@ BASES = ("tiny-sd", "tiny-sdxl", "tiny-dit")
 # Accelerators that change only modules (weights, processors) behave the same under every call shape, so the
 # img2img/inpaint/ControlNet/adapter variants run the others (as in tests/flow_matrix.py); the whole matrix is
 # benchmarks/compat_table.py.
-MODULE_ONLY = ("quantize", "sparsity", "lowrank", "fuse", "attention")
+MODULE_ONLY = ("quantize", "sparsity", "lowrank", "fuse", "attention", "vae-tiling")
 CELLS = [(v, a) for v in VARIANTS for a in FAST if v in BASES or a not in MODULE_ONLY]
 
 

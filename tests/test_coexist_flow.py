@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from diffusers.hooks import ModelHook
-from flow_matrix import VARIANT_ACCELERATORS, check, pipe_of
+from flow_matrix import MODULE_ONLY, VARIANT_ACCELERATORS, check, pipe_of
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.hooks import install_hook
@@ -19,10 +19,12 @@ from fastdiff.eval.compat import MATRIX_SPECS, _call
 BASES = ("tiny-flux", "tiny-flux-schnell", "tiny-flux2", "tiny-flux2-klein")
 VARIANTS = ("tiny-flux-img2img", "tiny-flux-inpaint", "tiny-flux-controlnet")
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
+# schnell and Klein share dev's and Flux.2's transformer classes: accelerators that change only modules behave
+# the same there, so those two run the call-level ones (benchmarks/compat_table.py runs the whole matrix)
+CELLS = [(v, a) for v in BASES for a in EVERY if v in ("tiny-flux", "tiny-flux2") or a not in MODULE_ONLY]
 
 
-@pytest.mark.parametrize("accelerator", EVERY)
-@pytest.mark.parametrize("variant", BASES)
+@pytest.mark.parametrize("variant,accelerator", CELLS)
 def test_cell(variant, accelerator):
     check(variant, accelerator)
 

@@ -338,7 +338,7 @@ def test_sigterm_finishes_in_flight_then_exits(subprocess_servers):
     assert "Finished server process" in log
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 @pytest.mark.timeout(420)
 def test_ray_serve_two_replicas(subprocess_servers):
     """Two replicas behind the gateway: both serve, a seed gives the same image on either, a replica killed

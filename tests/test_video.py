@@ -116,3 +116,29 @@ def test_block_cache_modes(name, saved):
         handle.remove()
     assert np.array_equal(clip(fp), base)
     fp.unwrap()
+
+
+def test_vae_tiling_sets_the_vae_switches_and_restores_them(saved):
+    """vae-tiling turns on diffusers' own switches (spatial tiles, slicing, temporal tiles where the VAE has
+    them), decodes a clip long enough to take the temporal path, and remove() puts every switch back; a
+    pipeline without an autoencoder refuses it."""
+    from fastdiff.zoo.tiny import make_pipeline
+
+    fp = FastPipeline(saved["tiny-ltx"][0])
+    vae = fp.pipe.vae
+    before = (vae.use_tiling, vae.use_slicing, vae.use_framewise_decoding, vae.use_framewise_encoding)
+    assert before == (False, False, False, False)
+    base = clip(fp)
+    handle = fp.accelerate("vae-tiling")
+    assert (vae.use_tiling, vae.use_slicing, vae.use_framewise_decoding, vae.use_framewise_encoding) == (
+        True,
+    ) * 4
+    assert np.array_equal(clip(fp), base), "a clip smaller than one tile decodes exactly as before"
+    long = clip(fp, num_frames=25)  # more latent frames than one temporal tile: decoded in overlapping tiles
+    assert long.shape == (1, 25, 32, 32, 3) and np.isfinite(long).all()
+    handle.remove()
+    assert (vae.use_tiling, vae.use_slicing, vae.use_framewise_decoding, vae.use_framewise_encoding) == before
+    fp.unwrap()
+    ddpm = FastPipeline(make_pipeline("tiny-ddpm"))
+    with pytest.raises(AcceleratorError, match="vae-tiling.*no autoencoder"):
+        ddpm.accelerate("vae-tiling")

@@ -133,6 +133,17 @@ def h_attention(r):
     )
 
 
+def h_vae_tiling(r):
+    d = r["video_vae"]
+    tiled = [rows[1] for rows in d["models"].values()]
+    ratios = sorted(row["memory_ratio"] for row in tiled)
+    return (
+        f"{fx(ratios[0])}-{fx(ratios[-1])} less peak decode memory ({d['frames']} frames, {d['side']} px)",
+        f"PSNR {db(min(row['psnr'] for row in tiled))} or more vs untiled",
+        f"{len(tiled)} video VAEs",
+    )
+
+
 def h_experts(r):
     d = r["experts_digits"]["rows"]
     base, c = d["full"], d["experts 0.75"]
@@ -283,6 +294,13 @@ HEADLINES = [
         "compression.md",
         ("runtime",),
         h_attention,
+    ),
+    Headline(
+        "vae-tiling(tiling, slicing, frames)",
+        "decodes in spatial tiles, one sample and a few frames at a time",
+        "video.md",
+        ("video_vae",),
+        h_vae_tiling,
     ),
     Headline(
         "experts(models, boundaries)",

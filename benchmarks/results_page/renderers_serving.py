@@ -183,45 +183,45 @@ def r_compat(d: dict) -> str:
 
 SECTIONS: dict[str, Section] = {
     "serve_load": Section(
-        GROUPS[8],
+        GROUPS[9],
         "Serving load test",
         "`benchmarks/serve_load.py`",
         "Real servers on loopback: throughput and latency by concurrency, overload, batching gain, profile switching, Ray Serve.",
         r_serve_load,
     ),
     "seed_repro": Section(
-        GROUPS[8],
+        GROUPS[9],
         "Reproducibility by seed",
         "`benchmarks/seed_repro.py`",
         "Images of batched requests against the same requests alone, with and without `--exact-seeds`.",
         r_seed_repro,
     ),
     "fuzz_server": Section(
-        GROUPS[8],
+        GROUPS[9],
         "Server fuzzing (schemathesis)",
         "`benchmarks/fuzz_server.py`",
         "Generated valid and invalid requests against the server's OpenAPI schema.",
         r_fuzz,
     ),
     "soak": Section(
-        GROUPS[8], "Soak", "`benchmarks/soak.py`", "The server under mixed valid and invalid load.", r_soak
+        GROUPS[9], "Soak", "`benchmarks/soak.py`", "The server under mixed valid and invalid load.", r_soak
     ),
     "wrapper_overhead": Section(
-        GROUPS[9],
+        GROUPS[10],
         "Wrapper overhead",
         "`benchmarks/wrapper_overhead.py`",
         "Raw diffusers against FastPipeline with no accelerator.",
         r_wrapper,
     ),
     "host_cost": Section(
-        GROUPS[9],
+        GROUPS[10],
         "Host time per step",
         "`benchmarks/host_cost.py`",
         "What the wrapper and each accelerator add on the host per denoising step.",
         r_host_cost,
     ),
     "compat": Section(
-        GROUPS[9],
+        GROUPS[10],
         "Compatibility matrix",
         "`benchmarks/compat_table.py`",
         "Each accelerator on each pipeline variant under the usage habits (direct calls, size/steps/batch changes, siblings, removal).",

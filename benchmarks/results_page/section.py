@@ -24,6 +24,7 @@ GROUPS = [
     "Distillation",
     "Tuning",
     "Flow-matching models",
+    "Video models",
     "Several processes and devices",
     "Serving",
     "Overhead and compatibility",

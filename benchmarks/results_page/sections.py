@@ -10,6 +10,7 @@ from . import (
     renderers_parallel,
     renderers_samplers,
     renderers_serving,
+    renderers_video,
 )
 from .section import Section
 
@@ -19,6 +20,7 @@ SECTIONS: dict[str, Section] = {
     **renderers_compression.SECTIONS,
     **renderers_distill_tune.SECTIONS,
     **renderers_flow.SECTIONS,
+    **renderers_video.SECTIONS,
     **renderers_parallel.SECTIONS,
     **renderers_serving.SECTIONS,
 }

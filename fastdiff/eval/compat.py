@@ -59,6 +59,7 @@ MATRIX_SPECS = {
     "lowrank": "lowrank(energy=0.9)",
     "fuse": "fuse",
     "attention": "attention(backend=math)",
+    "vae-tiling": "vae-tiling",
     "compile": "compile(backend=eager)",
     "experts": "experts(models=self|self,boundaries=0.5)",
 }
@@ -92,6 +93,7 @@ MODULE_LEVEL = frozenset(
         "denoiser.compiled",
         "denoiser.attn_processors",
         "denoiser.memory_format",
+        "vae.decode",
     }
 )
 STEPS = 4

@@ -17,12 +17,16 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 
 def _as_nchw(images, name: str) -> torch.Tensor:
-    """(N,H,W,C) or (N,H,W) array in [0, 1] -> float64 (N,C,H,W) tensor."""
+    """(N,H,W,C) or (N,H,W) array in [0, 1], or clips (N,F,H,W,C) as N*F frames -> float64 (N,C,H,W) tensor."""
     x = torch.as_tensor(np.asarray(images, dtype=np.float64))
     if x.ndim == 3:
         x = x[..., None]
+    if x.ndim == 5:  # video pipelines' output.frames: every frame counts as an image
+        x = x.flatten(0, 1)
     if x.ndim != 4:
-        raise ValueError(f"{name} must be (N,H,W,C) or (N,H,W), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be (N,H,W,C), (N,H,W) or clips (N,F,H,W,C), got shape {tuple(x.shape)}"
+        )
     return x.permute(0, 3, 1, 2)
 
 
