@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import async_table, code, fx, guidance_images, med, num, pct, per_model, sec, table
+from .format import async_table, code, db, fx, guidance_images, med, num, pct, per_model, sec, table
 from .section import GROUPS, Section
 
 
@@ -145,7 +145,37 @@ def r_xla(d: dict) -> str:
     )
 
 
+def r_parallel_split_ab(d: dict) -> str:
+    arms = [{"arm": name, **row} for name, row in d["arms"].items()]
+    return (
+        table(
+            [
+                ("arm", lambda r: r["arm"]),
+                ("cfg speedup", lambda r: fx(r["cfg_speedup"])),
+                (
+                    "cfg 1 process / 2, median s",
+                    lambda r: f"{r['cfg_single_seconds_median']} / {r['cfg_parallel_seconds_median']}",
+                ),
+                ("cfg max abs diff", lambda r: num(r["cfg_max_abs_difference"], 3)),
+                ("async speedup", lambda r: fx(r["async_speedup"])),
+                ("async PSNR vs 1 process", lambda r: db(r["async_psnr_vs_single"])),
+                ("async accuracy / FD", lambda r: f"{pct(r['async_accuracy'])} / {num(r['async_fd'])}"),
+                ("1 process accuracy / FD", lambda r: f"{pct(r['single_accuracy'])} / {num(r['single_fd'])}"),
+            ],
+            arms,
+        )
+        + f"\n\n{d['note']}. digits, guidance 2; cfg {arms[0]['cfg_images']} images, async {arms[0]['async_images']}."
+    )
+
+
 SECTIONS: dict[str, Section] = {
+    "parallel_split_ab": Section(
+        GROUPS[8],
+        "parallel split by mode: before and after",
+        "`benchmarks/parallel_cfg.py`, `benchmarks/parallel_async.py` on two trees",
+        "The same benchmarks on the tree before and after parallel became one config class per mode.",
+        r_parallel_split_ab,
+    ),
     "parallel_cfg": Section(
         GROUPS[8],
         "parallel(mode=cfg)",
