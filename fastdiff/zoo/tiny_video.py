@@ -93,6 +93,13 @@ def _calm(transformer: torch.nn.Module, *names: str) -> torch.nn.Module:
     return transformer
 
 
+def _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer, **more) -> DiffusionPipeline:
+    """``cls`` over these components (``more``: a second text encoder), its transformer's output calmed, in eval
+    mode."""
+    return in_eval_mode(cls(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                            transformer=_calm(transformer, "proj_out"), **more))  # fmt: skip
+
+
 def make_tiny_wan(size: str = "test", seed: int = 0) -> WanPipeline:
     """Wan 2.1 text-to-video style: UMT5-style encoder, Wan causal 3D VAE (8x spatial, 4x temporal), UniPC flow."""
     tokenizer, text_encoder = _t5(size, seed, 512, umt5=True)
@@ -105,10 +112,9 @@ def make_tiny_wan(size: str = "test", seed: int = 0) -> WanPipeline:
         text_dim=text_encoder.config.d_model, freq_dim=32, ffn_dim=2 * _width(size), num_layers=_LAYERS[size],
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64, **_HEADS[size],
     )  # fmt: skip
-    scheduler = UniPCMultistepScheduler(**WAN_SCHEDULER)
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=_calm(transformer, "proj_out"))  # fmt: skip
-    return in_eval_mode(pipe)
+    return _pipeline(
+        WanPipeline, UniPCMultistepScheduler(**WAN_SCHEDULER), tokenizer, text_encoder, vae, transformer
+    )
 
 
 def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
@@ -128,9 +134,7 @@ def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
         temporal_compression_ratio=4, max_text_seq_length=226, **_HEADS[size],
     )  # fmt: skip
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_SCHEDULER)
-    pipe = CogVideoXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                             transformer=_calm(transformer, "proj_out"))  # fmt: skip
-    return in_eval_mode(pipe)
+    return _pipeline(CogVideoXPipeline, scheduler, tokenizer, text_encoder, vae, transformer)
 
 
 def make_tiny_ltx(size: str = "test", seed: int = 0) -> LTXPipeline:
@@ -149,9 +153,7 @@ def make_tiny_ltx(size: str = "test", seed: int = 0) -> LTXPipeline:
         caption_channels=text_encoder.config.d_model, **_HEADS[size],
     )  # fmt: skip
     scheduler = FlowMatchEulerDiscreteScheduler(**LTX_SCHEDULER)
-    pipe = LTXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=_calm(transformer, "proj_out"))  # fmt: skip
-    return in_eval_mode(pipe)
+    return _pipeline(LTXPipeline, scheduler, tokenizer, text_encoder, vae, transformer)
 
 
 def make_tiny_hunyuan_video(size: str = "test", seed: int = 0) -> HunyuanVideoPipeline:
@@ -177,10 +179,8 @@ def make_tiny_hunyuan_video(size: str = "test", seed: int = 0) -> HunyuanVideoPi
         rope_axes_dim=(head // 4, 3 * head // 8, 3 * head // 8), **_HEADS[size],
     )  # fmt: skip
     scheduler = FlowMatchEulerDiscreteScheduler(**HUNYUAN_SCHEDULER)
-    pipe = HunyuanVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=clip_tokenizer,
-                                text_encoder_2=clip, vae=vae, scheduler=scheduler,
-                                transformer=_calm(transformer, "proj_out"))  # fmt: skip
-    return in_eval_mode(pipe)
+    return _pipeline(HunyuanVideoPipeline, scheduler, tokenizer, text_encoder, vae, transformer,
+                     tokenizer_2=clip_tokenizer, text_encoder_2=clip)  # fmt: skip
 
 
 VIDEO_MAKERS: dict[str, Callable[[str, int], DiffusionPipeline]] = {
