@@ -55,7 +55,6 @@ class PipelineFacts:
     # not when this pipeline config flag is set (Flux.2 Klein: is_distilled)
     cfg_needs_negative: bool = False
     cfg_off_config: str = ""
-    frames: bool = False  # a video pipeline: returns ``frames`` (batch, frames, height, width, channels)
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
@@ -137,16 +136,15 @@ PIPELINES.update(_FLOW_VARIANTS)
 # guidance_scale > 1; HunyuanVideo embeds guidance like Flux-dev and runs true CFG only with a negative prompt;
 # CogVideoX (a v-prediction DDIM model) and LTX-Video batch (uncond, cond).
 _VIDEO_PIPELINES = {
-    "WanPipeline": PipelineFacts("prompt", (), 5.0, cfg_sequence=("cond", "uncond"), family="Wan", latent_multiple=2,
-                                 frames=True),
+    "WanPipeline": PipelineFacts("prompt", (), 5.0, cfg_sequence=("cond", "uncond"), family="Wan", latent_multiple=2),
     "CogVideoXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 6.0, family="CogVideoX", latent_multiple=2,
-                                       size_multiple=8, frames=True),
+                                       size_multiple=8),
     "LTXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 3.0, family="LTX-Video", passes_sigmas="always",
-                                 passes_mu=True, size_multiple=32, frames=True),
+                                 passes_mu=True, size_multiple=32),
     "HunyuanVideoPipeline": PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"),
                                           guidance_arg="true_cfg_scale", cfg_needs_negative=True, passes_sigmas="always",
                                           family="HunyuanVideo", guidance_embeds_flag="guidance_embeds",
-                                          latent_multiple=2, frames=True),
+                                          latent_multiple=2),
 }  # fmt: skip
 PIPELINES.update(_VIDEO_PIPELINES)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
