@@ -10,19 +10,6 @@ Example::
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _installed_version
 
-from fastdiff.core import (
-    Accelerator,
-    AcceleratorError,
-    FastPipeline,
-    Handle,
-    NonFiniteOutputError,
-    UnsupportedModelError,
-    available,
-    load_pipeline,
-    parse,
-    register,
-)
-
 try:
     __version__ = _installed_version("fastdiff-accel")  # the installed distribution's metadata
 except PackageNotFoundError:  # a source tree on sys.path, not installed: pyproject.toml's version
@@ -32,3 +19,16 @@ __all__ = [
     "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "NonFiniteOutputError",
     "UnsupportedModelError", "available", "load_pipeline", "parse", "register",
 ]  # fmt: skip
+
+
+def __getattr__(name: str):
+    # the core (torch, diffusers: ~20 s on a slow CPU) loads at first use, so `fastdiff --version` is instant
+    if name in __all__:
+        from fastdiff import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module 'fastdiff' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -144,12 +144,15 @@ def test_the_checks_catch_a_cycle_and_an_upward_import():
 
 
 def test_importing_the_package_gives_the_library_only():
-    """``import fastdiff`` loads the core, not the zoo, the evaluation bench or any accelerator, and leaves the
-    diffusers namespace alone (saved fastdiff pipelines load through ``fastdiff.load_pipeline``)."""
+    """``import fastdiff`` loads nothing heavy (no torch: ``fastdiff --version`` is instant); its first name loads
+    the core, not the zoo, the evaluation bench or any accelerator, and leaves the diffusers namespace alone (saved
+    fastdiff pipelines load through ``fastdiff.load_pipeline``)."""
     code = (
-        "import sys, diffusers, fastdiff; "
+        "import sys, fastdiff; "
+        "print(sorted(m for m in sys.modules if m.startswith('fastdiff.')), 'torch' in sys.modules); "
+        "import diffusers; fastdiff.FastPipeline; "
         "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('fastdiff.')})); "
         "print([n for n in ('ClassConditionalPipeline', 'GMMPipeline', 'GMMFlowPipeline') if hasattr(diffusers, n)])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[-2:] == ["['core']", "[]"]
+    assert out.splitlines()[-3:] == ["[] False", "['core']", "[]"]

@@ -20,8 +20,7 @@ from fastdiff.cli.args import POSITIVE
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``tune-schedule`` subcommand to ``subparsers`` (from ``parser.add_subparsers``)."""
-    from fastdiff.schedulers.presets import PRESETS
-    from fastdiff.schedulers.tuned import TUNABLE
+    from fastdiff.schedulers.catalog import PRESETS, TUNABLE  # data only: building the parser loads no torch
 
     p = subparsers.add_parser(
         "tune-schedule", help="choose the timesteps of a sampler that come closest to the exact answer"

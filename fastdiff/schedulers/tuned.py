@@ -58,7 +58,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import PIPELINES, family_name, find_denoiser, model_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.schedulers.presets import FLOW_PRESETS, PRESETS
+from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS, TUNABLE  # noqa: F401  (TUNABLE: re-exported)
 
 FORMAT = "fastdiff-schedule/1"
 # scheduler class -> how it takes custom timesteps ("timesteps": set_timesteps(timesteps=...); "arrays": see above)
@@ -68,8 +68,6 @@ ROUTES = {
     "UniPCMultistepScheduler": "arrays",
     "DEISMultistepScheduler": "arrays",
 }
-# deterministic presets, one denoiser call per step (the flow ones for flow-matching models: route "flow")
-TUNABLE = ("dpm++2m", "unipc", "deis", "euler", "flow-euler", "flow-dpm++2m", "flow-unipc")
 # why the other presets are refused (``untunable_reason``)
 NOT_TUNABLE = {
     "ddim": "DDIMScheduler steps from each timestep by a fixed stride of num_train_timesteps // K and takes no "
