@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test test-ray lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
+.PHONY: venv demo test test-full test-ray lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
 
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,8 +23,15 @@ demo: venv
 # so on 2 cores the suite takes about half as long as in one process. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
+# `make test` (CI) leaves out the tests marked `full`: the compatibility matrix's variant rows, the sweep
+# notebooks, the GPU dry run and inductor compiles; `make test-full` runs them too (about twice as long).
+PYTEST := HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not ray"
+	$(PYTEST) -m "not ray and not full"
+
+test-full: venv
+	$(PYTEST) -m "not ray"
 
 # Ray Serve with two replicas, one killed under load (Ray's own start-up is most of its 1.5-2.5 minutes)
 test-ray: venv
@@ -35,7 +42,7 @@ test-ray: venv
 gpu-dry-run: venv
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py --dry-run --out /tmp/gpu_dry_run.json
 
-# The longer schemathesis profile of the server (the suite runs 200 examples per operation): results/fuzz_server.json
+# The longer schemathesis profile of the server (the suite runs 40 examples per operation): results/fuzz_server.json
 fuzz-server: venv
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/fuzz_server.py --max-examples 1000
 

@@ -7,7 +7,7 @@ with ``--max-examples`` per operation; the tiny-sd one twice (with the token, an
 needs it must be a documented 401).
 
     python benchmarks/fuzz_server.py --max-examples 1000   # make fuzz-server: results/fuzz_server.json
-    python benchmarks/fuzz_server.py --max-examples 200 --out /tmp/fuzz.json   # what the CI test runs
+    python benchmarks/fuzz_server.py --max-examples 40 --out /tmp/fuzz.json   # what the CI test runs
 
 Exit status 0 only when every run found no issue.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,19 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "fuzz_server.json")
     args = parser.parse_args(argv)
-    from fastdiff.zoo import build
-    from fastdiff.zoo.shipped import install_digits
-
     with tempfile.TemporaryDirectory(prefix="fd-fuzz-") as tmp:
         work = Path(tmp)
         (work / "token").write_text(TOKEN)
-        digits = install_digits(work / "digits")
-        tiny = build("tiny-sd", work / "tiny-sd", size="test")
+        # the servers build their zoo models into this cache: this process loads no torch (~20 s less)
+        os.environ["FASTDIFF_CACHE"] = str(work / "cache")
         fast = "fast=scheduler(name=dpm++2m,steps=2)"
         token_flags = ["--token-file", str(work / "token")]
         servers = (  # both start now and load side by side
-            Server(str(digits), "--profile", fast, *LIMITS, log=work / "digits.log"),
-            Server(str(tiny), "--profile", fast, *token_flags, *LIMITS, log=work / "tiny-sd.log"),
+            Server("digits", "--profile", fast, *LIMITS, log=work / "digits.log"),
+            Server("tiny-sd", "--profile", fast, *token_flags, *LIMITS, size="test", log=work / "tiny-sd.log"),
         )
         with servers[0] as plain, servers[1] as guarded:
             runs = [

@@ -28,6 +28,13 @@ PROMPTS = ("a red fox", "a blue car")
 LABELS = (1, 2)
 
 
+def full_only(*values, ci: bool = False):
+    """A parametrize case that only ``make test-full`` runs (marker ``full``), unless ``ci`` keeps it in ``make test``."""
+    if ci:
+        return values if len(values) > 1 else values[0]
+    return pytest.param(*values, marks=pytest.mark.full)
+
+
 def tiny_pipe(name: str) -> DiffusionPipeline:
     """The test-size zoo pipeline ``name`` (seed 0), progress bar off."""
     pipe = make_pipeline(name, "test")

@@ -11,6 +11,7 @@ must be exactly the expected ones, so an accelerator that stops applying somewhe
 from __future__ import annotations
 
 import pytest
+from helpers import full_only
 
 from fastdiff.core.registry import available
 from fastdiff.eval.compat import MATRIX_SPECS, NEEDS_ARTIFACT, check_cell
@@ -37,7 +38,11 @@ BASES = ("tiny-sd", "tiny-sdxl", "tiny-dit")
 # img2img/inpaint/ControlNet/adapter variants run the others (as in tests/flow_matrix.py); the whole matrix is
 # benchmarks/compat_table.py.
 MODULE_ONLY = ("quantize", "sparsity", "lowrank", "fuse", "attention", "vae-tiling")
-CELLS = [(v, a) for v in VARIANTS for a in FAST if v in BASES or a not in MODULE_ONLY]
+# `make test` runs the base rows and the ControlNet row; `make test-full` every variant
+CI_ROWS = (*BASES, "tiny-sd-controlnet")
+CELLS = [
+    full_only(v, a, ci=v in CI_ROWS) for v in VARIANTS for a in FAST if v in BASES or a not in MODULE_ONLY
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,7 @@ def test_cell(pipes, variant, accelerator):
         assert cell.status == "refused" and expected in cell.notes[0], cell.notes
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("variant", ("tiny-sd", "tiny-dit"))
 def test_compile_cell(pipes, variant):
     cell = check_cell(pipes(variant), MATRIX_SPECS["compile"], variant)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from diffusers.hooks import ModelHook
 from flow_matrix import MODULE_ONLY, VARIANT_ACCELERATORS, check, pipe_of
+from helpers import full_only
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.hooks import install_hook
@@ -20,8 +21,13 @@ BASES = ("tiny-flux", "tiny-flux-schnell", "tiny-flux2", "tiny-flux2-klein")
 VARIANTS = ("tiny-flux-img2img", "tiny-flux-inpaint", "tiny-flux-controlnet")
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
 # schnell and Klein share dev's and Flux.2's transformer classes: accelerators that change only modules behave
-# the same there, so those two run the call-level ones (benchmarks/compat_table.py runs the whole matrix)
-CELLS = [(v, a) for v in BASES for a in EVERY if v in ("tiny-flux", "tiny-flux2") or a not in MODULE_ONLY]
+# the same there, so those two run the call-level ones (benchmarks/compat_table.py runs the whole matrix);
+# `make test` runs the dev and Flux.2 rows and the inpaint variant, `make test-full` every row
+FULL_ROWS = ("tiny-flux", "tiny-flux2")
+CELLS = [
+    full_only(v, a, ci=v in FULL_ROWS) for v in BASES for a in EVERY if v in FULL_ROWS or a not in MODULE_ONLY
+]
+VARIANT_CELLS = [full_only(v, a, ci=v == "tiny-flux-inpaint") for v in VARIANTS for a in VARIANT_ACCELERATORS]
 
 
 @pytest.mark.parametrize("variant,accelerator", CELLS)
@@ -29,8 +35,7 @@ def test_cell(variant, accelerator):
     check(variant, accelerator)
 
 
-@pytest.mark.parametrize("accelerator", VARIANT_ACCELERATORS)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant,accelerator", VARIANT_CELLS)
 def test_variant_cell(variant, accelerator):
     check(variant, accelerator)
 

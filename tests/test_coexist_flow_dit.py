@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flow_matrix import VARIANT_ACCELERATORS, check, pipe_of
+from helpers import full_only
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.eval.compat import MATRIX_SPECS, _call, module_state, state_differences
@@ -27,13 +28,17 @@ def test_cell(variant, accelerator):
     check(variant, accelerator)
 
 
+@pytest.mark.full  # `make test` runs the Flux inpaint variant (tests/test_coexist_flow.py)
 @pytest.mark.parametrize("accelerator", VARIANT_ACCELERATORS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_cell(variant, accelerator):
     check(variant, accelerator)
 
 
-@pytest.mark.parametrize("variant", FAMILIES)
+# the variants and schnell/Klein (their bases' transformer and scheduler classes) in `make test-full` only
+@pytest.mark.parametrize(
+    "variant", [full_only(v, ci=v in BASES or v in ("tiny-flux", "tiny-flux2")) for v in FAMILIES]
+)
 def test_every_preset_samples_or_is_refused_at_apply(variant):
     """Noise-model presets are refused on flow models and flow presets on noise models (PixArt-Sigma predicts
     noise); a preset that applies samples finite images at 3 and 5 steps; a refusal changes nothing."""

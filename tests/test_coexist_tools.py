@@ -210,6 +210,7 @@ def test_vae_slicing_and_tiling_compose():
     handle.remove()
 
 
+@pytest.mark.full  # 30 s of inductor compiles
 def test_user_torch_compile_before_is_refused_after_works():
     pipe = fresh()
     base = _call(pipe, pipe)

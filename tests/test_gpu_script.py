@@ -46,7 +46,7 @@ def dry_run(tmp_path_factory) -> dict:
     return strict_json(out.read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.full  # 80 s; `make gpu-dry-run` runs every model in both dtypes
 @pytest.mark.timeout(300)
 def test_dry_run_writes_every_row_with_timing_and_quality(dry_run):
     result = dry_run

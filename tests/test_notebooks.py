@@ -16,8 +16,10 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-# measured at CI size on the 2-core machine; > 20 s is marked slow (slow tests still run in `make test`)
+# measured at CI size on the 2-core machine: > 20 s is marked slow; the sweeps (40-45 s each) run in
+# `make test-full`, the quick start and the results page in `make test`
 SLOW = {"01_quickstart", "02_sampler_sweep", "03_accelerator_sweep", "04_autotune"}
+FULL = {"02_sampler_sweep", "03_accelerator_sweep", "04_autotune"}
 NAMES = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 
 
@@ -36,7 +38,11 @@ def test_the_five_notebooks_exist_with_stripped_outputs():
         assert any("parameters" in c.metadata.get("tags", []) for c in code), f"{name}: no parameters cell"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])
+def _marks(name: str) -> list:
+    return [m for m, on in ((pytest.mark.slow, name in SLOW), (pytest.mark.full, name in FULL)) if on]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in NAMES])
 def test_notebook_runs(name, tmp_path):
     book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     env = {"FASTDIFF_NOTEBOOK_FULL": "0", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",

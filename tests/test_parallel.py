@@ -95,6 +95,7 @@ def _page_faults_per_forward(rank: int, world: int) -> list[int]:
     return faults
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():

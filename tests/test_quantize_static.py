@@ -32,7 +32,7 @@ def psnr(a, b) -> float:
 SPEC = "quantize(mode=int8-static,calibration_batch=2,calibration_steps=3)"
 
 
-@pytest.mark.slow  # inductor compiles every block for each batch size (~20 s each on one core)
+@pytest.mark.full  # inductor compiles every block for each batch size (~20 s each on one core), twice here
 def test_int8_static_is_close_to_fp32_and_restores_exactly():
     fp = make_fp()
     before = call(fp)

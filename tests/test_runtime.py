@@ -111,7 +111,7 @@ def test_compile_leaves_other_accelerators_hooks_eager():
         np.testing.assert_allclose(call(fp), merged, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_inductor_compile_matches_eager():
     fp = make_fp("tiny-dit")  # the smallest graph: inductor compiles tiny-sd's UNet for ~50 s on one core
     before = call(fp)

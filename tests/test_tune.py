@@ -242,7 +242,7 @@ def test_cache_is_per_baseline(digits, tmp_path):
     assert psnr[0] != psnr[1]  # the candidate's PSNR is against each baseline's own images
 
 
-@pytest.mark.slow  # about 25 s on the shared 2-core machine
+@pytest.mark.full  # about 25 s on the shared 2-core machine
 def test_backfill_when_no_survivor_holds(digits, tmp_path):
     # at 40 images "-1 point" vs a 100% baseline allows no miss; the fastest survivors of the 20-image screen
     # tend to miss one image, and then the next plausible candidates are measured in full until one holds
