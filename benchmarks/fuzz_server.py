@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         token_flags = ["--token-file", str(work / "token")]
         servers = (  # both start now and load side by side
             Server("digits", "--profile", fast, *LIMITS, log=work / "digits.log"),
-            Server("tiny-sd", "--profile", fast, *token_flags, *LIMITS, size="test", log=work / "tiny-sd.log"),
+            Server(
+                "tiny-sd", "--profile", fast, *token_flags, *LIMITS, size="test", log=work / "tiny-sd.log"
+            ),
         )
         with servers[0] as plain, servers[1] as guarded:
             runs = [
