@@ -29,21 +29,31 @@ from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
 from fastdiff.core.models import MODULATION, UnsupportedModelError
 
 
-def modulation_of(block) -> tuple[str, str]:
-    """(adaLN submodule, embedding argument) of ``block``, or a refusal naming the block class."""
+def modulation_of(block) -> tuple[str, ...]:
+    """``block``'s ``MODULATION`` facts, or a refusal naming the block class."""
     found = MODULATION.get(type(block).__name__)
-    if found is None:
+    # a shared block class (BasicTransformerBlock) modulates through its table only in some models (PixArt)
+    if found is None or not all(hasattr(block, name) for name in (found[0], *found[2:])):
         raise UnsupportedModelError(
             f"blockcache(mode=teacache) has no facts on where {type(block).__name__} modulates its input "
-            f"(known: {', '.join(sorted(MODULATION))}); use mode=first-block"
+            f"(known: {', '.join(sorted(MODULATION))}, BasicTransformerBlock with an adaLN-single table only); "
+            "use mode=first-block"
         )
     return found
 
 
 def modulated_input(block, io, args, kwargs) -> torch.Tensor:
-    norm_name, emb_name = modulation_of(block)
+    norm_name, emb_name, *table = modulation_of(block)
     emb = io._get_parameter_from_args_kwargs(emb_name, args, kwargs)
-    return getattr(block, norm_name)(hidden_in(io, args, kwargs), emb=emb)[0]
+    hidden = hidden_in(io, args, kwargs)
+    if not table:
+        return getattr(block, norm_name)(hidden, emb=emb)[0]
+    rows = getattr(block, table[0])
+    dim = rows.shape[-1]
+    # (batch, 1 or tokens, 6, dim): one row set per sample (PixArt, Sana, Wan) or per token (LTX)
+    ada = rows.reshape(6, dim) + emb.reshape(emb.shape[0], -1, 6, dim)
+    shift, scale = ada[:, :, 0], ada[:, :, 1]
+    return getattr(block, norm_name)(hidden) * (1 + scale) + shift
 
 
 def relative_change(now: torch.Tensor, before: torch.Tensor) -> float:

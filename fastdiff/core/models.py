@@ -334,14 +334,24 @@ REUSABLE_LAYERS: dict[str, tuple[str, ...]] = {
     "HunyuanVideoSingleTransformerBlock": ("attn", "proj_mlp"),
 }
 
-# Where a block modulates its input by the timestep embedding (TeaCache's indicator): the adaLN submodule, called
-# as ``norm(hidden_states, emb=<block argument>)``, whose first output is the modulated input.
-MODULATION: dict[str, tuple[str, str]] = {
+# Where a block modulates its input by the timestep embedding (TeaCache's indicator): (norm submodule, embedding
+# argument) for an adaLN norm called as ``norm(hidden_states, emb=<argument>)`` whose first output is the modulated
+# input; (norm, argument, table) for adaLN-single blocks, which add the embedding to a learned (6, dim) table and
+# compute ``norm(hidden_states) * (1 + scale) + shift`` from its first two rows.
+MODULATION: dict[str, tuple[str, ...]] = {
     "FluxTransformerBlock": ("norm1", "temb"),
     "FluxSingleTransformerBlock": ("norm", "temb"),
     "JointTransformerBlock": ("norm1", "temb"),
     "HunyuanVideoTransformerBlock": ("norm1", "temb"),
     "HunyuanVideoSingleTransformerBlock": ("norm", "temb"),
+    "BasicTransformerBlock": (
+        "norm1",
+        "timestep",
+        "scale_shift_table",
+    ),  # PixArt's (norm_type ada_norm_single)
+    "SanaTransformerBlock": ("norm1", "timestep", "scale_shift_table"),
+    "WanTransformerBlock": ("norm1", "temb", "scale_shift_table"),
+    "LTXVideoTransformerBlock": ("norm1", "temb", "scale_shift_table"),
 }
 
 

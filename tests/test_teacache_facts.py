@@ -1,0 +1,78 @@
+"""The TeaCache indicator of every family with modulation facts is exactly the modulated input its first block
+hands to its attention (adaLN norms: Flux, SD3, HunyuanVideo; adaLN-single tables: PixArt-Sigma, Sana, Wan,
+LTX-Video), and blockcache(mode=teacache) skips blocks on each; the others are refused naming the block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastdiff import FastPipeline, UnsupportedModelError
+from fastdiff.cache.blockio import first_and_last_blocks
+from fastdiff.cache.teacache import modulated_input
+from fastdiff.core.inputs import make_inputs
+from fastdiff.core.models import block_io
+from fastdiff.core.tensors import pixels
+from fastdiff.zoo.tiny import make_pipeline
+
+# family -> the first block's attention submodule, which takes the modulated input as its hidden states
+WITH_FACTS = {
+    "tiny-flux": "attn", "tiny-sd3": "attn", "tiny-hunyuan-video": "attn", "tiny-pixart-sigma": "attn1",
+    "tiny-sana": "attn1", "tiny-wan": "attn1", "tiny-ltx": "attn1",
+}  # fmt: skip
+REFUSED = ("tiny-qwen-image", "tiny-zimage", "tiny-cogvideox", "tiny-dit")
+
+
+def call(pipe, target=None, steps: int = 6) -> np.ndarray:
+    kwargs = make_inputs(pipe, 1)
+    out = (target or pipe)(**kwargs, num_inference_steps=steps, output_type="np",
+                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+    return pixels(out)
+
+
+@pytest.mark.parametrize("name", WITH_FACTS)
+def test_indicator_is_the_input_the_first_attention_receives(name):
+    pipe = make_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    first, _ = first_and_last_blocks(FastPipeline(pipe).denoiser)
+    io, seen = block_io(first), {}
+
+    def on_block(module, args, kwargs):
+        seen.setdefault("indicator", modulated_input(module, io, args, kwargs))
+
+    def on_attention(module, args, kwargs):
+        seen.setdefault("attention", kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+
+    hooks = [first.register_forward_pre_hook(on_block, with_kwargs=True),
+             getattr(first, WITH_FACTS[name]).register_forward_pre_hook(on_attention, with_kwargs=True)]  # fmt: skip
+    try:
+        call(pipe, steps=2)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(seen["indicator"], seen["attention"].to(seen["indicator"].dtype))
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in WITH_FACTS if n != "tiny-flux"]
+)  # Flux: tests/test_coexist_flow.py
+def test_teacache_skips_blocks_and_removes_exactly(name):
+    pipe = make_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    fp = FastPipeline(pipe)
+    plain = call(pipe, fp)
+    handle = fp.accelerate("blockcache(mode=teacache,threshold=0.5)")
+    cached = call(pipe, fp)
+    assert handle.handles[0].state.skipped > 0 and np.isfinite(cached).all()
+    handle.remove()
+    np.testing.assert_array_equal(call(pipe, fp), plain)
+    fp.unwrap()
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_families_without_facts_are_refused_naming_the_block(name):
+    fp = FastPipeline(make_pipeline(name))
+    with pytest.raises(UnsupportedModelError, match="Block.* modulates its input"):
+        fp.accelerate("blockcache(mode=teacache)")
+    assert fp.accelerators == ()
