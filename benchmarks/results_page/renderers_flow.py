@@ -92,6 +92,38 @@ def r_digits_flow_build(d: dict) -> str:
     return rows + text
 
 
+def r_flow_student(d: dict) -> str:
+    rows = d["configs"]
+    student = next((c for c in rows if c["name"] == "student 4"), None)
+
+    def vs_student(c):
+        if student is None or not c["name"].startswith("student"):
+            return None
+        return fx(student["cpu_seconds_median"] / c["cpu_seconds_median"])
+
+    t = d.get("training", {})
+    return table(
+        [
+            ("config", lambda c: c["name"]),
+            ("NFE", lambda c: c.get("denoiser_calls")),
+            ("CPU s", lambda c: sec(c.get("cpu_seconds_median"))),
+            ("speedup vs teacher 28", lambda c: fx(c.get("cpu_speedup"))),
+            ("speedup vs student", vs_student),
+            ("accuracy", lambda c: pct(c.get("accuracy"))),
+            ("FD", lambda c: num(c.get("fd"))),
+            ("FD floor", lambda c: num(c.get("fd_floor"))),
+        ],
+        rows,
+    ) + (
+        f"\n\n{d.get('settings', {}).get('batch')} images per call, guidance"
+        f" {d.get('settings', {}).get('inputs', {}).get('guidance_scale')}"
+        " (baked into the student), one timed call per config after an untimed warm-up. Student: progressive"
+        f" distillation {t.get('from')} -> {t.get('to')} flow Euler steps, {t.get('steps_per_round')} steps per"
+        f" round, batch {t.get('batch')}, {t.get('pool')} teacher samples, {t.get('minutes', 0):.0f} min of training."
+        + (f" {d['note']}" if d.get("note") else "")
+    )
+
+
 def r_teacache_fit(d: dict) -> str:
     return (
         f"Model {code(d.get('model'))}: polynomial coefficients {', '.join(f'{c:.4g}' for c in d.get('coefficients', []))}"
@@ -143,6 +175,13 @@ SECTIONS: dict[str, Section] = {
         "`python -m fastdiff.zoo.reference_flow build / eval`",
         "The SD3-shaped digits reference: training and its accuracy and FD.",
         r_digits_flow_build,
+    ),
+    "flow_student": Section(
+        GROUPS[6],
+        "Few-step use: accelerators on a 4-step digits-flow student",
+        "`benchmarks/flow_student.sh`",
+        "Which accelerators still pay off once a progressive student needs only 4 steps.",
+        r_flow_student,
     ),
     "digits_flow_teacache_fit": Section(
         GROUPS[6],
