@@ -81,8 +81,8 @@ def test_two_stages_on_sd_class_conditional_unet_and_dit(two_stages):
 @pytest.mark.full  # SDXL's UNet is SD's with more blocks and added conditions: `make test-full` only
 @pytest.mark.timeout(120)
 def test_two_stages_on_sdxl(models):
-    check_two_stages(launch(_each_model, 2, {"tiny-sdxl": (str(models["tiny-sdxl"]), SD_CALL)}, STAGED_SPECS,
-                            timeout_s=60)[0])  # fmt: skip
+    runs = {"tiny-sdxl": (str(models["tiny-sdxl"]), SD_CALL)}
+    check_two_stages(launch(_each_model, 2, runs, STAGED_SPECS, timeout_s=60))  # rank 0's {model: images}
 
 
 def check_two_stages(results: dict) -> None:
