@@ -60,11 +60,15 @@ def call(fp, steps: int) -> tuple[np.ndarray, float, int]:
     return pixels(images), time.process_time() - start, fp.context.nfe
 
 
-def family(name: str, steps: int, runs: int, size: str = "bench") -> list[dict]:
+def family(
+    name: str, steps: int, runs: int, size: str = "bench", configs: tuple[str, ...] = ()
+) -> list[dict]:
     fp = FastPipeline(make_pipeline(name, size))
     fp.set_progress_bar_config(disable=True)
     rows, live = {}, []
     for label, spec in CONFIGS.items():
+        if configs and label != "plain" and label not in configs:
+            continue
         try:
             handle = fp.accelerate(spec) if spec else None
         except AcceleratorError as error:
@@ -100,14 +104,23 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--size", default="bench", choices=["test", "bench"], help="test: a quick dry run")
     parser.add_argument("--out", default=str(RESULTS / "flow_families.json"))
+    parser.add_argument(
+        "--configs",
+        default="",
+        help=f"labels to run beside plain, comma-separated (default all: {', '.join(CONFIGS)})",
+    )
     args = parser.parse_args()
+    chosen = tuple(label for label in args.configs.split(",") if label)
+    unknown = [label for label in chosen if label not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown --configs {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     torch.set_num_threads(1)
     out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
            "device": f"CPU, {os.cpu_count()} cores", "steps": args.steps, "runs": args.runs, "threads": 1,
            "size": args.size, "families": {}}  # fmt: skip
     names = {"flow": FAMILIES, "video": VIDEO}.get(args.families) or args.families.split(",")
     for name in names:
-        out["families"][name] = family(name, args.steps, args.runs, args.size)
+        out["families"][name] = family(name, args.steps, args.runs, args.size, chosen)
         Path(args.out).write_text(json.dumps(out, indent=1))
         for row in out["families"][name]:
             shown = (
