@@ -344,11 +344,8 @@ MODULATION: dict[str, tuple[str, ...]] = {
     "JointTransformerBlock": ("norm1", "temb"),
     "HunyuanVideoTransformerBlock": ("norm1", "temb"),
     "HunyuanVideoSingleTransformerBlock": ("norm", "temb"),
-    "BasicTransformerBlock": (
-        "norm1",
-        "timestep",
-        "scale_shift_table",
-    ),  # PixArt's (norm_type ada_norm_single)
+    # PixArt's (norm_type ada_norm_single; DiT's BasicTransformerBlock has no table and is refused)
+    "BasicTransformerBlock": ("norm1", "timestep", "scale_shift_table"),
     "SanaTransformerBlock": ("norm1", "timestep", "scale_shift_table"),
     "WanTransformerBlock": ("norm1", "temb", "scale_shift_table"),
     "LTXVideoTransformerBlock": ("norm1", "temb", "scale_shift_table"),

@@ -58,7 +58,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import PIPELINES, family_name, find_denoiser, model_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS, TUNABLE  # noqa: F401  (TUNABLE: re-exported)
+from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS, TUNABLE
 
 FORMAT = "fastdiff-schedule/1"
 # scheduler class -> how it takes custom timesteps ("timesteps": set_timesteps(timesteps=...); "arrays": see above)
