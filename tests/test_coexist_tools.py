@@ -180,6 +180,23 @@ def test_diffusers_cache_hooks_refuse_our_caches_and_compose_with_the_rest():
     handle.remove()
 
 
+def test_diffusers_taylorseer_keeps_the_cache_context_its_user_set():
+    # the wrapper's reset at the call's start must leave other tools' hook state alone (resetting every stateful
+    # hook cleared the user's cache context and TaylorSeer then raised)
+    from diffusers.hooks import TaylorSeerCacheConfig, apply_taylorseer_cache
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    pipe = fresh("tiny-sd3")
+    config = TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2)
+    apply_taylorseer_cache(pipe.transformer, config)
+    outputs = []
+    for target in (pipe, FastPipeline(pipe)):  # SD3's call resets no cache state: its user does, then sets it
+        pipe.transformer._diffusers_hook.reset_stateful_hooks()
+        _set_cache_context(pipe.transformer, CacheContext("cond"))
+        outputs.append(_call(target, pipe))
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+
+
 def test_offload_after_fastdiff_works_before_is_refused():
     pipe = fresh()
     fp = FastPipeline(pipe)

@@ -139,11 +139,14 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
 
 
 def reset_call_state(module: torch.nn.Module) -> None:
-    """A call starts: diffusers' hook lifecycle resets every stateful hook (``_is_stateful``) on ``module`` and
-    its submodules; per-call state lives in ``reset_state``. (diffusers resets them again at the call's end.)"""
-    registry = getattr(module, "_diffusers_hook", None)
-    if registry is not None:
-        registry.reset_stateful_hooks(recurse=True)
+    """A call starts: reset fastdiff's stateful hooks (``_is_stateful``) on ``module`` and its submodules through
+    diffusers' hook lifecycle (``reset_state``). Other tools' hooks keep their state: diffusers' cache hooks hold
+    the cache context their user set before the call (diffusers resets them itself at the call's end)."""
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook in [] if registry is None else list(registry.hooks.values()):
+            if isinstance(hook, GatedHook) and hook._is_stateful:
+                hook.reset_state(sub)
 
 
 def base_names(module: torch.nn.Module) -> list[str]:
