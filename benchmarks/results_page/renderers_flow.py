@@ -12,6 +12,7 @@ def r_flow_caching(d: dict) -> str:
         [
             ("config", lambda r: r["name"]),
             ("setting", lambda r: code(r.get("setting"))),
+            ("process", lambda r: r.get("process")),
             ("CPU s", lambda r: sec(r.get("cpu_median"))),
             ("speedup", lambda r: fx(r.get("speedup"))),
             ("computed steps", lambda r: num(r.get("computed"), 3)),
