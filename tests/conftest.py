@@ -31,7 +31,7 @@ LONGEST_FIRST = ("test_fuzz_server.py", "test_coexist.py", "test_notebooks.py", 
 # Files whose tests start several processes at once (workers, a server and its fuzzing client): one work unit, so
 # they run one after another on one worker; beside each other, 5 processes on 2 cores took 30-60% longer.
 SEVERAL_PROCESSES = ("test_fuzz_server.py", "test_parallel_async.py", "test_parallel.py", "test_stages.py",
-                     "test_serving.py", "test_parallel_async_variants.py")  # fmt: skip
+                     "test_serving.py", "test_parallel_async_variants.py", "test_parallel_sequence.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(session, config, items):

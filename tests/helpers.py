@@ -20,6 +20,7 @@ from diffusers import DiffusionPipeline
 from diffusers.hooks import ModelHook
 
 from fastdiff import FastPipeline, load_pipeline
+from fastdiff.core.tensors import pixels
 from fastdiff.zoo import ZOO, build
 from fastdiff.zoo.gmm_exact import ode_error
 from fastdiff.zoo.tiny import make_pipeline
@@ -151,7 +152,7 @@ def kill_rank_one_at(rank: int, world: int, model: str, specs: str, call: dict, 
             os.kill(os.getpid(), signal.SIGKILL)
         return kwargs
 
-    return fp(**call, output_type="np", callback_on_step_end=die).images
+    return pixels(fp(**call, output_type="np", callback_on_step_end=die))
 
 
 def assert_dead_rank_ends_the_run(model, specs: str, call: dict, step: int) -> None:

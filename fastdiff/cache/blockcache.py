@@ -176,7 +176,8 @@ class BlockCache(Accelerator):
 
     spec_name = "blockcache"
     kind = "cache"
-    touches = frozenset({"denoiser.forward", "denoiser.blocks"})
+    # denoiser.tokens: its skip decision reads the whole token sequence, which sequence parallelism splits
+    touches = frozenset({"denoiser.forward", "denoiser.blocks", "denoiser.tokens"})
     exclusive = frozenset({"denoiser.blocks"})
     conflicts_with = frozenset({"forecast", "experts"})
 

@@ -280,7 +280,8 @@ class ToMe(Accelerator):
 
     spec_name = "tome"
     kind = "attention"
-    touches = frozenset({"denoiser.attention"})
+    # denoiser.tokens: it merges tokens, so it is refused beside a sequence split
+    touches = frozenset({"denoiser.attention", "denoiser.tokens"})
     runs_on_xla = True
     conflicts_with = frozenset({"experts"})  # its hooks sit inside one model; experts route around it
 

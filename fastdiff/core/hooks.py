@@ -120,13 +120,7 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     """Register ``hook`` on ``module`` as ``name`` (gated by ``context`` if given); refuse a name already taken."""
     if context is not None:
         hook, name = GatedHook(hook, context), f"{name}@{context.owner}"
-    fresh = getattr(module, "_diffusers_hook", None) is None
-    had_forward = "forward" in module.__dict__
-    registry = HookRegistry.check_if_exists_or_initialize(module)
-    if not registry.hooks and not hasattr(registry, "_fastdiff_created"):
-        # what to undo when the last hook goes: the registry if we made it (diffusers' cache_context makes an
-        # empty one on Flux-style transformers), and the instance forward its hooks leave behind
-        registry._fastdiff_created = (fresh, had_forward)
+    registry = tracked_registry(module)
     reattach(module)
     if registry.get_hook(name) is not None:
         raise RuntimeError(
@@ -136,6 +130,25 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     registry.register_hook(hook, name)
     _keep_outermost_last(registry)
     return Handle(lambda: _remove(module, name))
+
+
+def tracked_registry(module: torch.nn.Module) -> HookRegistry:
+    """``module``'s hook registry, noting (when it has no hooks yet) what to undo when its last hook goes: the
+    registry if we made it (diffusers' cache_context makes an empty one on Flux-style transformers), and the
+    instance forward its hooks leave behind. For hooks that diffusers registers on our behalf (its context
+    parallelism): call this first, take them off with ``remove_hook``."""
+    fresh = getattr(module, "_diffusers_hook", None) is None
+    had_forward = "forward" in module.__dict__
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    if not registry.hooks and not hasattr(registry, "_fastdiff_created"):
+        registry._fastdiff_created = (fresh, had_forward)
+    return registry
+
+
+def remove_hook(module: torch.nn.Module, name: str) -> None:
+    """Take hook ``name`` off ``module`` (keeping the hooks outside it working) and, with the last hook gone,
+    leave the module as ``tracked_registry`` found it."""
+    _remove(module, name)
 
 
 def reset_call_state(module: torch.nn.Module) -> None:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from fastdiff.core.inputs import PROMPTS, default_side, make_inputs, synthetic_image  # noqa: F401
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.spec import runs_in_process_group
+from fastdiff.core.tensors import pixels
 from fastdiff.core.timing import peak_rss_mb, time_runs  # noqa: F401
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
@@ -100,7 +101,7 @@ def run_bench(
 
                 seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
                 bar.update(int(warmup))
-                images, nfe = np.asarray(output.images), fp.context.nfe
+                images, nfe = np.asarray(pixels(output)), fp.context.nfe
             if image_dir:
                 save_grid(
                     images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])

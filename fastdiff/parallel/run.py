@@ -14,9 +14,13 @@ import time
 
 import torch
 
+from fastdiff.core.tensors import pixels
 
-def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: int = 0, warmup: bool = False):
-    """On every rank: one FastPipeline per spec string, one seeded call each; {spec: images, seconds}."""
+
+def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: int = 0, warmup: bool = False,
+             output_type: str = "np"):  # fmt: skip
+    """On every rank: one FastPipeline per spec string, one seeded call each; {spec: images, seconds}
+    (``output_type="latent"``: the denoised latents, no decoding)."""
     from fastdiff.core.pipeline import FastPipeline
 
     fp = FastPipeline.from_pretrained(model)
@@ -26,9 +30,11 @@ def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: i
         handle = fp.accelerate(specs_one) if specs_one else None
         try:
             if warmup:
-                fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed))
+                fp(**call, output_type=output_type, generator=torch.Generator().manual_seed(seed))
             start = time.perf_counter()
-            images = fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).images
+            images = pixels(
+                fp(**call, output_type=output_type, generator=torch.Generator().manual_seed(seed))
+            )
             results[specs_one] = {"images": images, "seconds": time.perf_counter() - start}
         finally:
             if handle is not None:
@@ -59,7 +65,7 @@ def bench_config(
         return fp(**call, generator=torch.Generator().manual_seed(seed))
 
     seconds, output, rss, cpu_seconds = time_runs(once, runs, warmup=warmup)
-    return seconds, output.images, rss, cpu_seconds, fp.context.nfe
+    return seconds, pixels(output), rss, cpu_seconds, fp.context.nfe
 
 
 def bench_parallel(model, specs: str, call: dict, devices: int, runs: int, seed: int, warmup: bool, threads: int = 1,

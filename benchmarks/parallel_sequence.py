@@ -1,0 +1,82 @@
+"""parallel(mode=ulysses): 2 processes x 1 thread vs 1 process x 1 thread on a video transformer, same seed.
+
+Run alone on the 2-core machine (both cores are needed), under the shared lock::
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_sequence.py   # results/parallel_sequence.json
+
+Model: the tiny Wan build at bench size (random weights; what is measured is the split of the work, not quality),
+its own sampler, guidance off (one denoiser call per step), at each ``--clips`` setting (frames x side), timed
+for the denoising loop alone (``output_type="latent"``: what sequence parallelism splits) and for the whole call
+(``np``: with the VAE decode, which every rank runs whole and which dominates this tiny transformer's call). Each
+setting runs in freshly launched workers (one for the baseline, two for Ulysses): one untimed warm-up call, then
+one timed call; ``--runs`` rounds alternate the two; the speedup is the ratio of the median wall times. The outputs
+of the two settings are compared (max absolute difference; pixels in [0, 1], or latents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+from fastdiff.parallel.launch import launch
+from fastdiff.parallel.run import generate
+from fastdiff.zoo import build
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SPEC = "parallel(mode=ulysses,devices=2)"
+
+
+def tokens(frames: int, side: int) -> int:
+    """Wan's sequence: latent frames (4x temporal compression, first frame alone) x (side / 8 / 2) ** 2 patches."""
+    return ((frames - 1) // 4 + 1) * (side // 16) ** 2
+
+
+def measure(model, call: dict, runs: int, output_type: str) -> dict:
+    single, two, diffs = [], [], []
+    for _ in range(runs):  # alternate, so load changes hit both settings
+        one = launch(generate, 1, str(model), [""], call, 0, True, output_type, timeout_s=1800)[""]
+        par = launch(generate, 2, str(model), [SPEC], call, 0, True, output_type, timeout_s=1800)[SPEC]
+        single.append(round(one["seconds"], 2))
+        two.append(round(par["seconds"], 2))
+        diffs.append(float(np.abs(np.asarray(one["images"]) - np.asarray(par["images"])).max()))
+    return {"single_seconds": single, "parallel_seconds": two,
+            "speedup": round(statistics.median(single) / statistics.median(two), 3), "max_abs_difference": max(diffs)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--clips", default="9x128,33x256,65x256", help="FRAMESxSIDE,...")
+    parser.add_argument(
+        "--outputs", default="latent,np", help="latent: the denoising loop alone; np: the whole call"
+    )
+    parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "parallel_sequence.json")
+    args = parser.parse_args()
+    model = build("tiny-wan", args.cache / "tiny-wan-bench", size="bench")
+    rows = []
+    for clip in args.clips.split(","):
+        frames, side = map(int, clip.split("x"))
+        call = {"prompt": ["a red circle"], "num_inference_steps": args.steps, "guidance_scale": 1.0,
+                "num_frames": frames, "height": side, "width": side}  # fmt: skip
+        for output in args.outputs.split(","):
+            row = {"frames": frames, "side": side, "tokens": tokens(frames, side), "output_type": output,
+                   **measure(model, call, args.runs, output)}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    result = {"model": "tiny-wan (bench build, random weights)", "spec": SPEC, "steps": args.steps, "guidance": 1.0,
+              "runs": args.runs, "rows": rows, "date": str(date.today()),
+              "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
+              "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"}  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
