@@ -194,7 +194,10 @@ def timed(call, inputs: dict, device: str) -> tuple[float, np.ndarray]:
     start = time.perf_counter()
     images = call({**inputs, "generator": torch.Generator().manual_seed(0)})
     synchronize(device)
-    return time.perf_counter() - start, np.asarray(images, dtype=np.float32)
+    elapsed = time.perf_counter() - start
+    if isinstance(images, torch.Tensor):  # output_type="latent"
+        images = images.float().cpu().numpy()
+    return elapsed, np.asarray(images, dtype=np.float32)
 
 
 def synchronize(device: str) -> None:
@@ -209,6 +212,30 @@ def quality(images: np.ndarray, reference: np.ndarray | None) -> dict:
     identical = comparable and bool(np.array_equal(images, reference))
     value = psnr(images, reference) if comparable and not identical else None
     return {"psnr_db": value, "identical": identical, "finite": finite, "reference": "plain"}
+
+
+def latent_outputs(callers: dict, names: list[str], inputs: dict, device: str) -> dict:
+    """One more call per config returning latents: random-weight VAEs saturate many pixels, so images alone can
+    hide a difference."""
+    latents = {}
+    for name in names:
+        try:
+            latents[name] = timed(callers[name][0], {**inputs, "output_type": "latent"}, device)[1]
+        except Exception:  # noqa: BLE001 (the timed rounds already recorded whether this config runs)
+            continue
+    return latents
+
+
+def relative_error(latent: np.ndarray | None, reference: np.ndarray | None) -> float | None:
+    """||latent - reference|| / ||reference|| (0.0: identical); None when either is missing or not finite."""
+    if (
+        latent is None
+        or reference is None
+        or not (np.isfinite(latent).all() and np.isfinite(reference).all())
+    ):
+        return None
+    scale = float(np.linalg.norm(reference))
+    return float(np.linalg.norm(latent - reference)) / scale if scale else None
 
 
 def failure(exc: Exception) -> str:
@@ -246,6 +273,7 @@ def run_group(group: Group, base, args, deadline: float) -> dict:
                 continue
             seconds[name].append(elapsed)
             images.setdefault(name, out)
+    latents = latent_outputs(callers, [n for n in names if n not in refused], inputs, args.device)
     reference = images.get("plain")
     plain = statistics.median(seconds["plain"]) if seconds.get("plain") else None
     rows = []
@@ -260,7 +288,11 @@ def run_group(group: Group, base, args, deadline: float) -> dict:
         rows.append({**row, "status": "ok", "seconds": seconds[name], "seconds_median": median,
                      "first_call_s": first[name], "speedup": plain / median if plain else None,
                      "images_per_s": group.batch / median, "nfe": nfe[name],
-                     "quality": quality(images[name], reference)})  # fmt: skip
+                     "quality": {**quality(images[name], reference),
+                                 "latent_rel_err": relative_error(latents.get(name), latents.get("plain"))}})  # fmt: skip
+    for _, fp in callers.values():  # leave the base pipeline's denoiser unhooked for the next group's copies
+        if fp is not None:
+            fp.unwrap()
     return {
         "section": group.section, "model": group.model, "built_from": TINY[group.model] if args.dry_run else group.model,
         "dtype": group.dtype, "side": group.side or (TINY_SIDES[None] if args.dry_run else NATIVE[group.model]),
@@ -302,6 +334,7 @@ def report(label: str, entry: dict) -> None:
             continue
         q = row["quality"]
         shown = "identical" if q["identical"] else f"{q['psnr_db'] or float('nan'):.1f} dB"
+        shown += f", latents {q['latent_rel_err']:.2e} off" if q.get("latent_rel_err") is not None else ""
         print(f"  {row['name']:18s} {row['seconds_median']:8.3f} s  x{row['speedup'] or 0:.2f}  first call "
               f"{row['first_call_s']:.1f} s  PSNR {shown}{'' if q['finite'] else '  NON-FINITE'}", flush=True)  # fmt: skip
 

@@ -191,3 +191,29 @@ def test_bad_options_and_unsupported_models(sd):
     assert dit.accelerators == ()
     with pytest.raises(UnsupportedModelError, match="blockcache needs a transformer.*UNet2DConditionModel"):
         sd.accelerate("blockcache")
+
+
+def test_a_copy_of_a_wrapped_unet_is_cleaned_and_accelerates():
+    # A deep copy of a wrapped UNet carries the wrapper's hooks with a copied (never active) context; wrapped
+    # again, those stale hooks used to leave deepcache doing nothing (images identical to plain, no speedup).
+    import copy
+
+    from fastdiff.core.siblings import sibling
+
+    fp = make_fp("tiny-sd", SCHEDULER)
+    plain = run(fp)
+    cached_fresh = make_fp("tiny-sd", SCHEDULER)
+    cached_fresh.accelerate("deepcache(interval=3)")
+    expected = run(cached_fresh)
+    twin = sibling(fp.pipe, unet=copy.deepcopy(fp.denoiser))
+    with pytest.warns(UserWarning, match="copied with it from a wrapped model"):
+        copied = FastPipeline(twin)
+    assert all(not n.endswith("@" + str(fp.context.owner)) for n in copied.denoiser._diffusers_hook.hooks)
+    copied.accelerate(SCHEDULER)
+    copied.accelerate("deepcache(interval=3)")
+    images = run(copied)
+    assert not np.array_equal(images, plain)
+    np.testing.assert_array_equal(images, expected)
+    copied.unwrap()
+    assert getattr(twin.unet, "_diffusers_hook", None) is None  # the copy is left plain
+    np.testing.assert_array_equal(run(fp), plain)  # the original wrapper is untouched

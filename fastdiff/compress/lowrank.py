@@ -75,7 +75,9 @@ def choose_rank(s: torch.Tensor, energy: float, rank: int | None) -> int:
     if rank is not None:
         return min(rank, len(s))
     kept = torch.cumsum(s.double() ** 2, 0) / (s.double() ** 2).sum()
-    return int(torch.searchsorted(kept, torch.tensor(energy, dtype=kept.dtype)).item()) + 1
+    return (
+        int(torch.searchsorted(kept, torch.tensor(energy, dtype=kept.dtype, device=kept.device)).item()) + 1
+    )
 
 
 class LowRankSplit(nn.Sequential):

@@ -42,6 +42,7 @@ from diffusers.models.attention_processor import (
     FusedAttnProcessor2_0,
     XFormersAttnProcessor,
 )
+from torch.utils._pytree import tree_map_only
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import denoiser_facts
@@ -79,22 +80,30 @@ RECOMPILE_LIMIT = 64
 
 
 class _CompiledHook(ModelHook):
-    """Calls a compiled version of the module's forward, with room for one graph per input shape."""
+    """Calls a compiled version of the module's forward, with room for one graph per input shape.
 
-    def __init__(self, compiled, bound: bool):
+    Under CUDA graphs (``reduce-overhead``, ``max-autotune``) a unit's outputs live in a pool its next replay
+    overwrites, while the UNet's time embedding and skip features, and caches such as deepcache's, outlive
+    it: each call starts a new graph step and hands back copies.
+    """
+
+    def __init__(self, compiled, bound: bool, cudagraphs: bool = False):
         super().__init__()
-        self.compiled, self.bound = compiled, bound
+        self.compiled, self.bound, self.cudagraphs = compiled, bound, cudagraphs
 
     def new_forward(self, module, *args, **kwargs):
         config = torch._dynamo.config
         limit = config.recompile_limit
         config.recompile_limit = max(limit, RECOMPILE_LIMIT)  # for our calls only; restored below
         try:
-            if self.bound:
-                return self.compiled(*args, **kwargs)
-            return self.compiled(module, *args, **kwargs)
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            output = self.compiled(*args, **kwargs) if self.bound else self.compiled(module, *args, **kwargs)
         finally:
             config.recompile_limit = limit
+        if self.cudagraphs:
+            output = tree_map_only(torch.Tensor, torch.clone, output)
+        return output
 
 
 @register
@@ -135,7 +144,8 @@ class Compile(Accelerator):
                 key = function if shared else forward
                 if key not in by_function:
                     by_function[key] = torch.compile(key, backend=self.backend, dynamic=False, **options)
-                hook = _CompiledHook(by_function[key], bound=not shared)
+                cudagraphs = self.backend == "inductor" and self.mode != "default"
+                hook = _CompiledHook(by_function[key], bound=not shared, cudagraphs=cudagraphs)
                 handles.append(install_hook(unit, hook, "fastdiff.compile"))
         except BaseException:
             HandleGroup(handles).remove()

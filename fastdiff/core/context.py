@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.tensors import batch_size_of
 
 _OWNERS = itertools.count()
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # owner -> the context made for it
 
 
 @dataclass
@@ -53,6 +55,14 @@ class StepContext:
     active: bool = False  # inside a call of the owning FastPipeline
     owner: int = field(default_factory=lambda: next(_OWNERS))  # makes hook names unique per wrapper
     extras: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _LIVE[self.owner] = self
+
+    @property
+    def is_copy(self) -> bool:
+        """Made by copying (a deep copy or pickle of a hooked model), not by a wrapper: nothing ever activates it."""
+        return _LIVE.get(self.owner) is not self
 
     @property
     def timestep(self) -> float | None:

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -130,6 +131,27 @@ def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=No
     registry.register_hook(hook, name)
     _keep_outermost_last(registry)
     return Handle(lambda: _remove(module, name))
+
+
+def strip_copied_hooks(root: torch.nn.Module) -> list[str]:
+    """Remove, with a warning, gated hooks that came with a copy of a wrapped model (their context was copied,
+    so they never act but sit in the chain and can stop other hooks acting); return ``"module: hook"`` for each."""
+    stripped = []
+    for path, module in root.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for name in list(registry._hook_order) if registry is not None else []:
+            hook = registry.hooks[name]
+            if isinstance(hook, GatedHook) and hook.context.is_copy:
+                _remove(module, name)
+                stripped.append(f"{path or type(root).__name__}: {name}")
+    if stripped:
+        warnings.warn(
+            f"{type(root).__name__} carried {len(stripped)} fastdiff hooks copied with it from a wrapped model "
+            f"({', '.join(stripped[:3])}{', ...' if len(stripped) > 3 else ''}); removed them. Copy models before "
+            "wrapping them (or after unwrap()) to keep them plain",
+            stacklevel=3,
+        )
+    return stripped
 
 
 def tracked_registry(module: torch.nn.Module) -> HookRegistry:

@@ -35,7 +35,14 @@ from fastdiff.core.calls import (
 )
 from fastdiff.core.context import ContextHook, CountHook, StepContext
 from fastdiff.core.foreign import adapter_layout, foreign_forward, refuse_foreign_patches
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook, reattach, reset_call_state
+from fastdiff.core.hooks import (
+    Handle,
+    HandleGroup,
+    install_hook,
+    reattach,
+    reset_call_state,
+    strip_copied_hooks,
+)
 from fastdiff.core.loading import load_pipeline
 from fastdiff.core.models import (
     PIPELINES,
@@ -81,7 +88,8 @@ class FastPipeline:
                     "(remove_all()) or keep using that wrapper"
                 )
             previous.unwrap()
-        denoiser_name, _ = find_denoiser(pipe)
+        denoiser_name, denoiser = find_denoiser(pipe)
+        strip_copied_hooks(denoiser)  # a copy of a wrapped model brings hooks nothing will ever activate
         self.__dict__.update(
             pipe=pipe,
             context=StepContext(),

@@ -2,7 +2,9 @@
 
 - ``parallel(mode=cfg,devices=2)``: the two classifier-free-guidance branches run on two ranks at once (cfg.py).
 - ``parallel(mode=async,devices=N)``: the denoiser in N stages computing at once on stale activations (AsyncDiff,
-  async_.py); ``mode=cfg+async`` combines both (devices = 2 x stages, cfg_async.py). Each mode is a config class
+  async_.py); ``mode=cfg+async`` combines both (devices = 2 x stages, cfg_async.py).
+- ``parallel(mode=ulysses|ring,devices=N)``: the token sequence split across N ranks through diffusers' context
+  parallelism (sequence.py). Each mode is a config class
   of its own under the spec name ``parallel``, picked by ``mode`` (group.py).
 - ``fastdiff.parallel.launch.launch(fn, devices)``: start ``devices`` worker processes with a process group
   (what ``torchrun`` does), run ``fn(rank, ...)`` in each and return rank 0's result; a rank that dies or

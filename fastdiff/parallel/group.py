@@ -1,7 +1,7 @@
 """What every ``parallel`` mode shares: the config base (one spec name, one class per ``mode``), the process
 group, and sending values over it.
 
-Each mode is a config class of its own (cfg.py, async_.py, cfg_async.py) registered under ``parallel`` and
+Each mode is a config class of its own (cfg.py, async_.py, cfg_async.py, sequence.py) registered under ``parallel`` and
 picked by ``mode`` (the registry's variants); a spec without ``mode`` is ``mode=cfg``. ``FlatBroadcast`` is how
 ranks send each other nested layer outputs: one flat buffer per dtype.
 
