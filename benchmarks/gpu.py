@@ -48,14 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from diffusers import DPMSolverMultistepScheduler  # noqa: E402
 
-from benchmarks.gpu_targets import batch_table, targets  # noqa: E402
+from benchmarks.gpu_targets import batch_table, quality, relative_error, targets  # noqa: E402
 from fastdiff import FastPipeline  # noqa: E402
 from fastdiff.core.inputs import make_inputs  # noqa: E402
 from fastdiff.core.models import find_denoiser  # noqa: E402
 from fastdiff.core.pipeline import NonFiniteOutputError  # noqa: E402
 from fastdiff.core.registry import AcceleratorError  # noqa: E402
 from fastdiff.core.siblings import sibling  # noqa: E402
-from fastdiff.eval.fidelity import psnr  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -205,15 +204,6 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def quality(images: np.ndarray, reference: np.ndarray | None) -> dict:
-    """PSNR against the plain images (None when identical, or when either holds NaN/inf: see ``finite``)."""
-    finite = bool(np.isfinite(images).all())
-    comparable = reference is not None and finite and bool(np.isfinite(reference).all())
-    identical = comparable and bool(np.array_equal(images, reference))
-    value = psnr(images, reference) if comparable and not identical else None
-    return {"psnr_db": value, "identical": identical, "finite": finite, "reference": "plain"}
-
-
 def latent_outputs(callers: dict, names: list[str], inputs: dict, device: str) -> dict:
     """One more call per config returning latents: random-weight VAEs saturate many pixels, so images alone can
     hide a difference."""
@@ -224,18 +214,6 @@ def latent_outputs(callers: dict, names: list[str], inputs: dict, device: str) -
         except Exception:  # noqa: BLE001 (the timed rounds already recorded whether this config runs)
             continue
     return latents
-
-
-def relative_error(latent: np.ndarray | None, reference: np.ndarray | None) -> float | None:
-    """||latent - reference|| / ||reference|| (0.0: identical); None when either is missing or not finite."""
-    if (
-        latent is None
-        or reference is None
-        or not (np.isfinite(latent).all() and np.isfinite(reference).all())
-    ):
-        return None
-    scale = float(np.linalg.norm(reference))
-    return float(np.linalg.norm(latent - reference)) / scale if scale else None
 
 
 def failure(exc: Exception) -> str:

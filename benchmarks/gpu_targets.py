@@ -1,8 +1,34 @@
-"""The GPU run's goals and tables, read from its measured groups (``benchmarks/gpu.py``)."""
+"""The GPU run's quality figures per row, and its goals and tables read from the measured groups
+(``benchmarks/gpu.py``)."""
 
 from __future__ import annotations
 
 import statistics
+
+import numpy as np
+
+from fastdiff.eval.fidelity import psnr
+
+
+def quality(images: np.ndarray, reference: np.ndarray | None) -> dict:
+    """PSNR against the plain images (None when identical, or when either holds NaN/inf: see ``finite``)."""
+    finite = bool(np.isfinite(images).all())
+    comparable = reference is not None and finite and bool(np.isfinite(reference).all())
+    identical = comparable and bool(np.array_equal(images, reference))
+    value = psnr(images, reference) if comparable and not identical else None
+    return {"psnr_db": value, "identical": identical, "finite": finite, "reference": "plain"}
+
+
+def relative_error(latent: np.ndarray | None, reference: np.ndarray | None) -> float | None:
+    """||latent - reference|| / ||reference|| (0.0: identical); None when either is missing or not finite."""
+    if (
+        latent is None
+        or reference is None
+        or not (np.isfinite(latent).all() and np.isfinite(reference).all())
+    ):
+        return None
+    scale = float(np.linalg.norm(reference))
+    return float(np.linalg.norm(latent - reference)) / scale if scale else None
 
 
 def targets(groups: list[dict]) -> list[dict]:

@@ -1,8 +1,10 @@
-"""Full-size zoo layouts (sd15, sdxl, dit-xl-2, sd35-medium), checked on the meta device: no weights are made.
+"""Full-size zoo layouts (sd15, sdxl, dit-xl-2, sd35-medium, wan-1.3b), checked on the meta device: no weights
+are made.
 
 Parameter counts are compared with the published figures (within 1%), and exactly with what diffusers builds.
 """
 
+import inspect
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from the hub; set before diffusers is imported
@@ -25,14 +27,24 @@ from fastdiff.zoo.full_size import (  # noqa: E402
 from fastdiff.zoo.tiny import make_tiny_sd  # noqa: E402
 
 # Published sizes: SD 1.5 UNet 859.5M, SDXL UNet 2.567B (SDXL report), DiT-XL/2 675M (DiT paper, table 1),
-# SD 3.5 medium MMDiT-X 2.24B; CLIP ViT-L/14 text 123M, OpenCLIP bigG text 694.7M, SD's KL-f8 VAE 83.7M.
-PUBLISHED_DENOISER = {"sd15": 859.5e6, "sdxl": 2.567e9, "dit-xl-2": 675e6, "sd35-medium": 2.24e9}
+# SD 3.5 medium MMDiT-X 2.24B; CLIP ViT-L/14 text 123M, OpenCLIP bigG text 694.7M, SD's KL-f8 VAE 83.7M; Wan 2.1
+# "1.3B" is a rounded name: its released fp32 transformer checkpoint (5.68 GB) holds 1.419B; Wan-VAE 127M.
+WAN_T, WAN_VAE = 1.419e9, 126.9e6
+PUBLISHED_DENOISER = {
+    "sd15": 859.5e6,
+    "sdxl": 2.567e9,
+    "dit-xl-2": 675e6,
+    "sd35-medium": 2.24e9,
+    "wan-1.3b": WAN_T,
+}
 CLIP_L, CLIP_G, VAE = 123.06e6, 694.66e6, 83.65e6
+VAES = {"wan-1.3b": WAN_VAE}  # the others use SD's KL-f8 VAE
 TEXT_ENCODERS = {
     "sd15": {"text_encoder": CLIP_L},
     "sdxl": {"text_encoder": CLIP_L, "text_encoder_2": CLIP_G},
     "dit-xl-2": {},
     "sd35-medium": {"text_encoder": CLIP_L, "text_encoder_2": CLIP_G},  # + 0.6M of projection on CLIP-L
+    "wan-1.3b": {},  # umT5-XXL cut to one layer: no published size (its width is checked below)
 }
 
 
@@ -70,7 +82,9 @@ def test_text_encoders_and_vae_have_the_published_sizes(name, layouts):
     pipe = layouts[name]
     for component, expected in TEXT_ENCODERS[name].items():
         assert count(getattr(pipe, component)) == pytest.approx(expected, rel=0.01), component
-    assert count(pipe.vae) == pytest.approx(VAE, rel=0.01)
+    assert count(pipe.vae) == pytest.approx(VAES.get(name, VAE), rel=0.01)
+    if name == "wan-1.3b":  # the transformer sees embeddings of the real encoder's width
+        assert pipe.text_encoder.config.d_model == pipe.transformer.config.text_dim == 4096
     if name == "sd35-medium":
         assert pipe.text_encoder_3 is None and pipe.tokenizer_3 is None  # T5 left out, as SD3's docs allow
     tokenizer = getattr(pipe, "tokenizer", None)
@@ -86,12 +100,15 @@ def test_text_encoders_and_vae_have_the_published_sizes(name, layouts):
 def test_native_image_side(name, layouts):
     pipe = layouts[name]
     _, denoiser = find_denoiser(pipe)
+    if name == "wan-1.3b":  # a video transformer has no sample size; the pipeline's default height is 480
+        assert inspect.signature(type(pipe).__call__).parameters["height"].default == LAYOUTS[name].side
+        return
     vae_factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
     assert denoiser.config.sample_size * vae_factor == LAYOUTS[name].side
 
 
 def test_sizes_other_than_full_are_refused(tmp_path):
-    assert {"sd15", "sdxl", "dit-xl-2", "sd35-medium"} <= set(zoo.available())
+    assert {"sd15", "sdxl", "dit-xl-2", "sd35-medium", "wan-1.3b"} <= set(zoo.available())
     for name in LAYOUTS:
         assert zoo.ZOO[name][1] == ("full",)
     with pytest.raises(ValueError, match="zoo model 'sd15' has no size 'bench'; allowed: full"):

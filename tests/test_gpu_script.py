@@ -68,9 +68,17 @@ def test_dry_run_writes_every_row_with_timing_and_quality(dry_run):
                 assert row["reason"] and row["seconds_median"] is None
                 continue
             assert row["seconds_median"] > 0 and row["first_call_s"] > 0 and row["speedup"] > 0
-            assert set(row["quality"]) == {"psnr_db", "identical", "finite", "reference"}
-            assert row["quality"]["finite"]
+            assert set(row["quality"]) == {"psnr_db", "identical", "finite", "reference", "latent_rel_err"}
+            assert row["quality"]["finite"] and row["quality"]["latent_rel_err"] is not None
             assert row["quality"]["identical"] or row["quality"]["psnr_db"] > 20
+        assert rows["plain"]["quality"]["latent_rel_err"] == 0.0
+        if (
+            group["section"] == "tome" and group["side"] == 48
+        ):  # later groups copy the base denoiser: still acts
+            assert (
+                rows["tome"]["quality"]["latent_rel_err"] > 0
+                and rows["tomesd"]["quality"]["latent_rel_err"] > 0
+            )
         if group["section"] == "matrix":
             assert rows["raw"]["quality"]["identical"], "the wrapper changed the images"
             assert ("fp8+compile" in rows) == (group["dtype"] == "bf16")

@@ -129,6 +129,7 @@ def test_structure_changers_refuse_hooked_blocks():
 def test_sparsity_masks_and_restores(pattern):
     fp = make_fp("tiny-sd")
     before = images(fp)
+    parameters, keys = dict(fp.denoiser.named_parameters()), list(fp.denoiser.state_dict())
     amount = 0.5 if pattern == "2:4" else 0.3
     handle = fp.accelerate(f"sparsity(pattern={pattern},amount={amount})")
     info = handle.handles[0]
@@ -140,6 +141,11 @@ def test_sparsity_masks_and_restores(pattern):
     assert not np.array_equal(images(fp), before)
     handle.remove()
     np.testing.assert_array_equal(images(fp), before)
+    # the original Parameter objects are back (no copies kept meanwhile), in their order, with no mask left
+    after = dict(fp.denoiser.named_parameters())
+    assert list(after) == list(parameters) and all(after[k] is parameters[k] for k in parameters)
+    assert list(fp.denoiser.state_dict()) == keys
+    assert not any(m._forward_pre_hooks for m in fp.denoiser.modules())
 
 
 def test_make_permanent_keeps_the_zeros():

@@ -115,8 +115,14 @@ def _runtime(r, name):
 
 
 def h_compile(r):
-    c = _runtime(r, "compile")
-    return (f"{fx(c['cpu_speedup'])}", f"PSNR {db(c['psnr'])}", "tiny-sd")
+    cpu = _runtime(r, "compile")
+    group = find(r["gpu_nvidia_h200_matrix"]["groups"], "model", "sd15")
+    c = find(group["configs"], "name", "compile")
+    return (
+        f"{fx(c['speedup'])} on an H200 (`mode=reduce-overhead`, fp16, wall time); {fx(cpu['cpu_speedup'])} on a CPU",
+        f"PSNR {db(c['quality']['psnr_db'])}, latents {c['quality']['latent_rel_err']:.0e} off",
+        "SD 1.5 size (random weights); tiny-sd",
+    )
 
 
 def h_fuse(r):
@@ -188,6 +194,18 @@ def h_parallel_async(r):
         f"{fx(c['speedup'])} on 2 processes (wall time, `extrapolate=1`)",
         f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (1 process: {pct(m['single']['accuracy'])} / {m['single']['fd']:.2f})",
         "digits",
+    )
+
+
+def h_parallel_sequence(r):
+    rows = [x for x in r["parallel_sequence"]["rows"] if x["output_type"] == "latent"]
+    c = max(rows, key=lambda x: x["tokens"])
+    return (
+        f"{fx(c['speedup'])} on 2 processes (denoising loop, {c['tokens']} tokens)",
+        "identical latents"
+        if not c["max_abs_difference"]
+        else f"max difference {c['max_abs_difference']:.1e}",
+        "tiny-wan",
     )
 
 
@@ -286,7 +304,13 @@ HEADLINES = [
         ("compress_digits",),
         h_lowrank,
     ),
-    Headline("compile(mode)", "torch.compile of the denoiser", "compression.md", ("runtime",), h_compile),
+    Headline(
+        "compile(mode)",
+        "torch.compile of the denoiser",
+        "compression.md",
+        ("runtime", "gpu_nvidia_h200_matrix"),
+        h_compile,
+    ),
     Headline("fuse(channels_last)", "diffusers' QKV fusion", "compression.md", ("runtime",), h_fuse),
     Headline(
         "attention(backend)",
@@ -336,6 +360,13 @@ HEADLINES = [
         "parallel.md",
         ("parallel_async_digits_overlap_seeds",),
         h_parallel_async,
+    ),
+    Headline(
+        "parallel(mode=ulysses, devices)",
+        "the token sequence split across processes, attention all-to-all (diffusers' context parallelism)",
+        "parallel.md",
+        ("parallel_sequence",),
+        h_parallel_sequence,
     ),
 ]
 

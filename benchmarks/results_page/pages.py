@@ -10,6 +10,7 @@ from typing import Any
 
 from .format import r_generic
 from .headlines import accelerators_block
+from .renderers_gpu import real_sizes_block
 from .section import GROUPS
 from .sections import SECTIONS
 
@@ -169,6 +170,8 @@ def block_body(name: str, results: dict[str, Any], page: Path) -> str:
     if name == "accelerators":
         prefix = "docs/" if page.parent == ROOT else ""
         return accelerators_block(results, prefix) + "\n"
+    if name == "real-sizes":
+        return real_sizes_block(results) + "\n"
     if name not in results:
         raise SystemExit(
             f"results_page: {page.relative_to(ROOT)} has a block for {name!r}, but benchmarks/results/{name}.json does not exist"

@@ -69,6 +69,29 @@ def r_parallel_cfg(d: dict) -> str:
     )
 
 
+def r_parallel_sequence(d: dict) -> str:
+    return table(
+        [
+            ("clip", lambda r: f"{r['frames']} frames, {r['side']} px"),
+            ("tokens", lambda r: r["tokens"]),
+            ("timed", lambda r: "denoising loop" if r["output_type"] == "latent" else "whole call"),
+            ("1 process, s (median)", lambda r: sec(med(r.get("single_seconds")))),
+            ("2 processes, s (median)", lambda r: sec(med(r.get("parallel_seconds")))),
+            ("speedup", lambda r: fx(r.get("speedup"))),
+            (
+                "max difference",
+                lambda r: (
+                    f"{r['max_abs_difference']:.1e}" if r.get("max_abs_difference") else "0 (identical)"
+                ),
+            ),
+        ],
+        d["rows"],
+    ) + (
+        f"\n\nModel: {d.get('model')}; `{d.get('spec')}`; {d.get('steps')} steps, guidance off; "
+        f"{d.get('runs')} alternating runs. The whole call includes the VAE decode, which every rank runs whole."
+    )
+
+
 def r_stage(d: dict) -> str:
     rows = []
     for name, s in d["settings"].items():
@@ -182,6 +205,13 @@ SECTIONS: dict[str, Section] = {
         "`benchmarks/parallel_cfg.py`",
         "Two processes x 1 thread against one process x 1 thread.",
         r_parallel_cfg,
+    ),
+    "parallel_sequence": Section(
+        GROUPS[8],
+        "parallel(mode=ulysses)",
+        "`benchmarks/parallel_sequence.py`",
+        "Sequence parallelism on a video transformer: two processes x 1 thread against one process x 1 thread.",
+        r_parallel_sequence,
     ),
     "parallel_async_digits_overlap_seeds": Section(
         GROUPS[8],

@@ -28,4 +28,5 @@ GROUPS = [
     "Several processes and devices",
     "Serving",
     "Overhead and compatibility",
+    "Real model sizes on a GPU",
 ]

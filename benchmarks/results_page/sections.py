@@ -7,6 +7,7 @@ from . import (
     renderers_compression,
     renderers_distill_tune,
     renderers_flow,
+    renderers_gpu,
     renderers_parallel,
     renderers_samplers,
     renderers_serving,
@@ -23,4 +24,5 @@ SECTIONS: dict[str, Section] = {
     **renderers_video.SECTIONS,
     **renderers_parallel.SECTIONS,
     **renderers_serving.SECTIONS,
+    **renderers_gpu.SECTIONS,
 }

@@ -194,7 +194,8 @@ class LowRank(Accelerator):
             r = choose_rank(svd[1], self.energy, self.rank)
             full, split = split_macs(m, r)
             if split < full:  # otherwise the split costs at least as much: leave the layer alone
-                plan[name] = (m, r, svd)
+                u, s, vh = svd  # keep rank r only: every layer's full SVD at once can exceed memory
+                plan[name] = (m, r, (u[:, :r].clone(), s[:r].clone(), vh[:r].clone()))
         return plan
 
 

@@ -337,7 +337,7 @@ class Sparsity(Accelerator):
         layers = [m for m in den.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and m.weight.shape[1] > 1]
         if self.pattern == "2:4":  # groups of 4 along the (flattened) input dimension
             layers = [m for m in layers if m.weight[0].numel() % 4 == 0]
-        saved = {m: m.weight.detach().clone() for m in layers}
+        orders = {m: list(m._parameters) for m in layers}  # restored as it was (state_dict order included)
         for m in layers:
             if self.pattern == "unstructured":
                 torch_prune.l1_unstructured(m, "weight", amount=self.amount)
@@ -347,13 +347,28 @@ class Sparsity(Accelerator):
         total = sum(m.weight.numel() for m in layers)
 
         def restore():
-            for m, weight in saved.items():
-                if torch_prune.is_pruned(m):
-                    torch_prune.remove(m, "weight")
-                with torch.no_grad():
-                    m.weight.copy_(weight)
+            for m in layers:
+                unprune(m, orders[m])
 
         return Handle(restore, layers=len(layers), sparsity=zeros / max(total, 1))
+
+
+def unprune(module: nn.Module, order: list[str]) -> None:
+    """Undo torch's pruning reparametrization of ``module.weight``: the untouched original becomes the parameter
+    again (torch only offers ``prune.remove``, which keeps the masked values; a saved copy would double memory)."""
+    from torch.nn.utils import prune as torch_prune
+
+    for key, hook in list(module._forward_pre_hooks.items()):
+        if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == "weight":
+            del module._forward_pre_hooks[key]
+    if "weight_orig" in module._parameters:
+        original = module._parameters.pop("weight_orig")
+        module._buffers.pop("weight_mask", None)
+        del module.weight  # the masked product, a plain attribute
+        module.register_parameter("weight", original)
+        parameters = dict(module._parameters)
+        module._parameters.clear()
+        module._parameters.update((k, parameters[k]) for k in order)
 
 
 def two_four_mask(weight: torch.Tensor) -> torch.Tensor:

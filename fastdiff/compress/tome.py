@@ -41,7 +41,7 @@ class MergePlan:
 
     The values equal tomesd's ``bipartite_soft_matching_random2d``; the indexing is ours because it is the
     overhead that eats the saving on CPU: flat ``index_select``/``index_add_`` instead of expanded ``gather``/
-    ``scatter_reduce``, argmax only over the r merged rows, and unmerge as one row gather.
+    ``scatter_reduce``, and unmerge as one row gather.
     """
 
     def __init__(self, metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int, generator=None):
@@ -68,11 +68,11 @@ class MergePlan:
             metric = metric / metric.norm(dim=-1, keepdim=True)
             scores = metric.index_select(1, a_idx) @ metric.index_select(1, b_idx).transpose(-1, -2)
             r = min(a_idx.numel(), r)
-            edge_idx = scores.amax(dim=-1).argsort(dim=-1, descending=True)  # src rows, most similar first
+            node_max, node_idx = scores.max(dim=-1)  # one pass for best value and dst (no copy of the rows)
+            edge_idx = node_max.argsort(dim=-1, descending=True)  # src rows, most similar first
             unm_rows, src_rows = edge_idx[:, r:], edge_idx[:, :r]
             batch = torch.arange(B, device=device)[:, None]
-            rows = scores.reshape(-1, num_dst).index_select(0, (src_rows + batch * scores.shape[1]).view(-1))
-            dst_idx = rows.argmax(dim=-1).view(B, r)
+            dst_idx = node_idx.gather(1, src_rows)
             unm_len = unm_rows.shape[1]
             self.unm_flat = (a_idx[unm_rows] + batch * N).view(-1)
             src_tokens = a_idx[src_rows]

@@ -1,4 +1,5 @@
-"""Full-size random-weight pipelines at the published layouts: ``sd15``, ``sdxl``, ``dit-xl-2``, ``sd35-medium``.
+"""Full-size random-weight pipelines at the published layouts: ``sd15``, ``sdxl``, ``dit-xl-2``, ``sd35-medium``,
+``wan-1.3b``.
 
 Built offline from configs (nothing comes from a hub; tokenizers are generated as in :mod:`fastdiff.zoo.tokenizer`),
 so their speed is that of the real models while their images are noise. Every denoiser's output layer is scaled
@@ -12,6 +13,7 @@ sd15           UNet2DConditionModel, 859.52M                 512 px         CLIP
 sdxl           UNet2DConditionModel, 2567.46M                1024 px        CLIP-L 768 + OpenCLIP-bigG 1280 x 32
 dit-xl-2       DiTTransformer2DModel XL/2, 749.83M (*)       256 px         none (1000 classes)
 sd35-medium    SD3Transformer2DModel MMDiT-X, 2243.17M       1024 px        CLIP-L + bigG, both projected
+wan-1.3b       WanTransformer3DModel, 1419.00M               480 x 832, 81  umT5 width, one layer (the real has 24)
 =============  ===========================================  =============  =====================================
 
 (*) diffusers keeps a copy of the timestep and class embedders in each of DiT's 28 blocks; without the 27 extra
@@ -44,6 +46,7 @@ from pathlib import Path
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLWan,
     DDIMScheduler,
     DiffusionPipeline,
     DiTPipeline,
@@ -56,12 +59,24 @@ from diffusers import (
     StableDiffusionPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
+    UniPCMultistepScheduler,
+    WanPipeline,
+    WanTransformer3DModel,
 )
 from tqdm.auto import tqdm
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    UMT5Config,
+    UMT5EncoderModel,
+)
 
 from fastdiff.zoo.registry import register_model
+from fastdiff.zoo.text_encoders import make_t5_tokenizer
 from fastdiff.zoo.tiny_base import in_eval_mode, seeded
+from fastdiff.zoo.tiny_video import WAN_SCHEDULER
 from fastdiff.zoo.tokenizer import make_clip_tokenizer
 
 SIZES = ("full",)
@@ -85,6 +100,7 @@ LAYOUTS = {
     "sdxl": Layout("sdxl", "StableDiffusionXLPipeline", 1024, 2_567_463_684, "stable-diffusion-xl-base-1.0"),
     "dit-xl-2": Layout("dit-xl-2", "DiTPipeline", 256, 749_826_464, "facebook/DiT-XL-2-256"),
     "sd35-medium": Layout("sd35-medium", "StableDiffusion3Pipeline", 1024, 2_243_171_520, "stable-diffusion-3.5-medium"),
+    "wan-1.3b": Layout("wan-1.3b", "WanPipeline", 480, 1_418_996_800, "Wan2.1-T2V-1.3B-Diffusers (480 x 832, 81 frames)"),
 }  # fmt: skip
 
 # CLIP text towers: OpenAI CLIP ViT-L/14's (SD 1.5, SDXL's first, SD3's clip_l) and OpenCLIP ViT-bigG/14's (SDXL's
@@ -233,8 +249,35 @@ def _sd35_medium(seed: int, step: Callable[[str], None]) -> StableDiffusion3Pipe
                                     text_encoder_3=None, tokenizer_3=None)  # fmt: skip
 
 
-MAKERS = {"sd15": _sd15, "sdxl": _sdxl, "dit-xl-2": _dit, "sd35-medium": _sd35_medium}
-COMPONENT_STEPS = {"sd15": 3, "sdxl": 4, "dit-xl-2": 2, "sd35-medium": 4}
+# Wan2.1-T2V-1.3B transformer/config.json. Its text encoder, umT5-XXL (5.7B), is cut to one layer of the same
+# width (4096): the transformer, what fastdiff accelerates, sees embeddings of the real shape.
+WAN_1_3B = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    eps=1e-6, rope_max_seq_len=1024,
+)  # fmt: skip
+UMT5_XXL_ONE_LAYER = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=1, num_heads=64, feed_forward_proj="gated-gelu",
+                          relative_attention_num_buckets=32, relative_attention_max_distance=128)  # fmt: skip
+
+
+def _wan_1_3b(seed: int, step: Callable[[str], None]) -> WanPipeline:
+    tokenizer = make_t5_tokenizer(model_max_length=512)
+    config = UMT5Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0, **UMT5_XXL_ONE_LAYER)  # fmt: skip
+    text_encoder = seeded(seed, UMT5EncoderModel, config)
+    step("text encoder")
+    vae = seeded(seed, AutoencoderKLWan)  # diffusers' defaults are Wan 2.1's VAE
+    step("vae")
+    transformer = seeded(seed, WanTransformer3DModel, **WAN_1_3B)
+    scale_output(transformer.proj_out)
+    step("transformer")
+    scheduler = on_cpu(UniPCMultistepScheduler, **WAN_SCHEDULER)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=scheduler)  # fmt: skip
+
+
+MAKERS = {"sd15": _sd15, "sdxl": _sdxl, "dit-xl-2": _dit, "sd35-medium": _sd35_medium, "wan-1.3b": _wan_1_3b}
+COMPONENT_STEPS = {"sd15": 3, "sdxl": 4, "dit-xl-2": 2, "sd35-medium": 4, "wan-1.3b": 3}
 
 
 def make_full_pipeline(
