@@ -147,3 +147,24 @@ def test_bad_options_and_unsupported_models(dit):
     assert sd.accelerators == ()
     with pytest.raises(UnsupportedModelError, match="deepcache needs a UNet.*DiTTransformer2DModel"):
         dit.accelerate("deepcache")
+
+
+@pytest.mark.parametrize("mode", ["first-block", "teacache"])
+def test_residual_modes_are_refused_where_the_stream_changes_length(mode):
+    # Flux.2's single-stream blocks return the joined text+image sequence: the first-to-last residual does not
+    # exist (it used to crash mid-call with a size mismatch); interval mode caches per layer and runs.
+    from fastdiff.core.inputs import make_inputs
+
+    fp = FastPipeline(make_pipeline("tiny-flux2", "test"))
+
+    def run():
+        kwargs = make_inputs(fp.pipe, 1)
+        return fp(**kwargs, num_inference_steps=3, output_type="np", generator=torch.manual_seed(0)).images
+
+    plain = run()
+    with pytest.raises(UnsupportedModelError, match="joined text and image sequence.*mode=interval"):
+        fp.accelerate(f"blockcache(mode={mode})")
+    np.testing.assert_array_equal(run(), plain)
+    handle = fp.accelerate("blockcache(mode=interval,interval=2)")
+    assert np.isfinite(run()).all()
+    handle.remove()

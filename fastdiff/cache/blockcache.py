@@ -206,6 +206,11 @@ class BlockCache(Accelerator):
             raise UnsupportedModelError(
                 f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
             )
+        if self.mode != "interval" and facts.no_block_residual:
+            raise UnsupportedModelError(
+                f"blockcache(mode={self.mode}) caches the residual from the first block to the last; on "
+                f"{type(model).__name__} {facts.no_block_residual} (use mode=interval)"
+            )
         state = _State(self, fp.context)
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode != "interval":

@@ -251,6 +251,9 @@ class DenoiserFacts:
     # Modules that parallel(mode=async) may assign to stages, as dotted patterns ("*" = one name component);
     # they run one after another, each once per forward (the order is recorded at the first call).
     stage_units: tuple[str, ...] = ()
+    # Why the last block's image states cannot be compared with the first block's (blockcache's first-block and
+    # TeaCache modes cache that residual); empty when they can.
+    no_block_residual: str = ""
 
 
 # UNets: conv_in, every layer inside the down/mid/up blocks (resnets, attentions, samplers), the output convs.
@@ -297,7 +300,10 @@ DENOISERS: dict[str, DenoiserFacts] = {
         stage_units=_FLUX_UNITS,
     ),
     "Flux2Transformer2DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks", "single_transformer_blocks")
+        "transformer",
+        ("transformer_blocks", "single_transformer_blocks"),
+        no_block_residual="its single-stream blocks return the joined text and image sequence, longer than the "
+        "image states of its first block",
     ),
     "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_SD3_UNITS),
     "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
