@@ -1,16 +1,18 @@
-"""Caching on digits-flow: fastdiff's blockcache/forecast against diffusers' own cache hooks, side by side.
+"""Caching on digits-flow or moving-digits: fastdiff's blockcache/forecast against diffusers' own cache hooks.
 
-Every config runs on one loaded digits-flow pipeline (flow Euler 28 steps, the model's bench guidance unless --guidance, the bench prompts cycled,
-one torch thread), interleaved: one untimed warm-up call each on a small batch, then ``--runs`` rounds of one
+Every config runs on one loaded pipeline (digits-flow: flow Euler 28 steps; moving-digits: Wan's UniPC 50, pass
+``--steps 50``; the model's bench guidance unless --guidance, its bench prompts cycled, one torch thread), interleaved: one untimed warm-up call each on a small batch, then ``--runs`` rounds of one
 timed call per config in a rotating order. Per config: process CPU seconds (one thread: the compute cost, far
 less disturbed by other processes than wall time), the speedup over the first config, the fraction of steps
 whose last transformer block computed its attention (``computed``: the noise-free companion of the timing), and the quality of
-the timed call's images: accuracy and FD (digits-sd's scorer) and PSNR against the first config.
+the timed call's images or clips (the model's registered scorer: accuracy and FD; moving-digits adds direction
+accuracy and temporal consistency) and PSNR against the first config.
 
 diffusers' hooks are applied with its ``apply_first_block_cache`` / ``apply_taylorseer_cache`` /
 ``apply_mag_cache`` (SD3Transformer2DModel is no ``CacheMixin``, so ``enable_cache`` is missing) and removed by
 name after each call. StableDiffusion3Pipeline sets no cache context, so this script sets one around every call (the context
-``cond`` covers the whole guidance batch, as one transformer call per step carries both branches). MagCache
+``cond`` covers the whole guidance batch, as one transformer call per step carries both branches); WanPipeline sets
+its own ("cond" and "uncond", one call each). MagCache
 needs ratios calibrated on the model: measured here first with ``MagCacheConfig(calibrate=True)``.
 
 Config syntax (``--config NAME=SETTING``): a fastdiff spec, or ``hf-fbc:THRESHOLD``,
@@ -51,13 +53,15 @@ from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
 from fastdiff import FastPipeline
 from fastdiff.core.hooks import install_hook
+from fastdiff.core.inputs import model_prompts
+from fastdiff.core.tensors import pixels
+from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.quality import digits_sd_quality
-from fastdiff.zoo.digit_captions import bench_prompts
 
 RESULTS = Path(__file__).parent / "results"
-STEPS = 28
+STEPS = 28  # set by main: --steps
 GUIDANCE = {"scale": 4.0}  # set by main: --guidance, or the model's bench guidance (eval/prompts.json)
+CALL: dict = {}  # set by main: the model's bench call (moving-digits: clip size and length)
 
 
 class Count(ModelHook):
@@ -92,6 +96,11 @@ def calibrate_magcache(fp, prompts) -> list[float]:
     return [float(x) for x in ratios[-1].split(",")]
 
 
+# diffusers' default TaylorSeer patterns (`^blocks.*attn`, full match) miss Wan's attn1/attn2: it would do nothing
+WAN_ATTENTION = [r"^blocks\.\d+\.attn[12]"]
+TAYLORSEER_IDENTIFIERS: dict = {}  # set by main: {"cache_identifiers": WAN_ATTENTION} on Wan
+
+
 def setting(text: str, mag_ratios=None):
     """(kind, setting) of a config: ("none", None), ("fastdiff", spec) or ("diffusers", diffusers config)."""
     if text == "none":
@@ -104,19 +113,26 @@ def setting(text: str, mag_ratios=None):
     if name == "hf-taylorseer":
         interval, warmup, order = map(int, args)
         return ("diffusers", TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=warmup,
-                                                   max_order=order, taylor_factors_dtype=torch.float32))  # fmt: skip
+                                                   max_order=order, taylor_factors_dtype=torch.float32,
+                                                   **TAYLORSEER_IDENTIFIERS))  # fmt: skip
     if name == "hf-magcache":
         return ("diffusers", MagCacheConfig(threshold=float(args[0]), max_skip_steps=int(args[1]),
                                             num_inference_steps=STEPS, mag_ratios=mag_ratios))  # fmt: skip
     raise ValueError(f"unknown diffusers config {text!r}; use hf-fbc, hf-taylorseer or hf-magcache")
 
 
+def last_attention(transformer) -> torch.nn.Module:
+    """The attention of the transformer's last block (SD3: ``transformer_blocks``, Wan: ``blocks``' ``attn1``)."""
+    blocks = getattr(transformer, "transformer_blocks", None) or transformer.blocks
+    return getattr(blocks[-1], "attn", None) or blocks[-1].attn1
+
+
 def run(fp, config, prompts, seed: int = 0):
-    """One call of ``fp`` with ``config`` applied and removed around it: (images, CPU seconds, computed steps)."""
+    """One call of ``fp`` with ``config`` applied and removed around it: (images, CPU seconds, attention calls)."""
     kind, value = config
     transformer = fp.denoiser
     counter = Count()
-    count = install_hook(transformer.transformer_blocks[-1].attn, counter, "benchmark.count")
+    count = install_hook(last_attention(transformer), counter, "benchmark.count")
     handle = fp.accelerate(value) if kind == "fastdiff" else None
     if kind == "diffusers":
         before = hook_names(transformer)
@@ -127,8 +143,8 @@ def run(fp, config, prompts, seed: int = 0):
         _set_cache_context(transformer, CacheContext("cond"))
     try:
         start = time.process_time()
-        images = fp(prompt=prompts, guidance_scale=GUIDANCE["scale"], num_inference_steps=STEPS, output_type="np",
-                    generator=torch.Generator().manual_seed(seed)).images  # fmt: skip
+        images = pixels(fp(prompt=prompts, guidance_scale=GUIDANCE["scale"], num_inference_steps=STEPS,
+                           output_type="np", generator=torch.Generator().manual_seed(seed), **CALL))  # fmt: skip
         seconds = time.process_time() - start
     finally:
         if handle is not None:
@@ -139,12 +155,13 @@ def run(fp, config, prompts, seed: int = 0):
             for name in added:
                 registry.remove_hook(name, recurse=True)
         count.remove()
-    return images, seconds, counter.calls / STEPS
+    return images, seconds, counter.calls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a digits-flow pipeline directory")
+    parser.add_argument("--model", required=True, help="a digits-flow or moving-digits pipeline directory")
+    parser.add_argument("--steps", type=int, default=28, help="28: digits-flow's flow Euler; 50: Wan's UniPC")
     parser.add_argument("--config", action="append", required=True, metavar="NAME=SETTING")
     parser.add_argument("--images", type=int, default=500)
     parser.add_argument("--warmup-images", type=int, default=20)
@@ -153,13 +170,19 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=None, help="default: the model's bench guidance")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from fastdiff.core.inputs import model_eval_settings
+    global STEPS
+    STEPS = args.steps
+    from fastdiff.core.inputs import model_call, model_eval_settings
     from fastdiff.zoo.reference_flow import load_flow_pipeline
 
-    fp = FastPipeline(load_flow_pipeline(args.model))
+    fp = FastPipeline(load_flow_pipeline(args.model))  # also loads a Wan pipeline (no null components there)
     GUIDANCE["scale"] = args.guidance or model_eval_settings(fp.pipe).get("guidance", GUIDANCE["scale"])
+    CALL.update(model_call(fp.pipe))
+    if hasattr(fp.denoiser, "blocks"):
+        TAYLORSEER_IDENTIFIERS["cache_identifiers"] = WAN_ATTENTION
+    score = quality_for(fp.pipe)
     fp.set_progress_bar_config(disable=True)
-    base = bench_prompts()
+    base = model_prompts(fp.pipe)
     prompts = [base[i % len(base)] for i in range(args.images)]
     texts = [c.split("=", 1) for c in args.config]
     ratios = (
@@ -179,22 +202,21 @@ def main() -> None:
             row["cpu_seconds"].append(round(seconds, 2))
             row["computed"] = round(computed, 4)
             if r == 0:
-                row.update(
-                    {
-                        k: float(v)
-                        for k, v in digits_sd_quality(fp.pipe, {"prompt": prompts}, images, 0).items()
-                    }
-                )
+                row.update({k: float(v) for k, v in score(fp.pipe, {"prompt": prompts}, images, 0).items()})
                 row["images"] = images
             print(name, row["cpu_seconds"], row["computed"], row.get("accuracy"), row.get("fd"), flush=True)
     first = rows[names[0]]
+    calls, calls_warmup = first["computed"], first["computed_warmup"]
+    for row in rows.values():  # attention calls per call against the first config's (no cache: every one)
+        row["computed"] = round(row["computed"] / calls, 4)
+        row["computed_warmup"] = round(row["computed_warmup"] / calls_warmup, 4)
     for row in rows.values():
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
         row["speedup"] = round(first["cpu_median"] / row["cpu_median"], 3)
         row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
     for row in rows.values():
         row.pop("images")
-    result = {"model": args.model, "steps": STEPS, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs,
+    result = {"model": args.model, "pipeline": type(fp.pipe).__name__, "steps": STEPS, "call": CALL, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs,
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(

@@ -5,7 +5,8 @@ Run alone on the 2-core machine (both cores are needed), under the shared lock::
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_sequence.py   # results/parallel_sequence.json
 
 Model: the tiny Wan build at bench size (random weights; what is measured is the split of the work, not quality),
-its own sampler, guidance off (one denoiser call per step), at each ``--clips`` setting (frames x side), timed
+its own sampler, guidance off (one denoiser call per step), at each ``--clips`` setting (frames x side); or, with
+``--model DIR`` (a moving-digits build), that model at its own clip size, bench prompt and guidance, timed
 for the denoising loop alone (``output_type="latent"``: what sequence parallelism splits) and for the whole call
 (``np``: with the VAE decode, which every rank runs whole and which dominates this tiny transformer's call). Each
 setting runs in freshly launched workers (one for the baseline, two for Ulysses): one untimed warm-up call, then
@@ -31,9 +32,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SPEC = "parallel(mode=ulysses,devices=2)"
 
 
-def tokens(frames: int, side: int) -> int:
-    """Wan's sequence: latent frames (4x temporal compression, first frame alone) x (side / 8 / 2) ** 2 patches."""
-    return ((frames - 1) // 4 + 1) * (side // 16) ** 2
+def tokens(frames: int, side: int, temporal: int = 4, spatial: int = 8) -> int:
+    """Wan's sequence: latent frames (first frame alone) x (side / spatial / 2) ** 2 patches."""
+    return ((frames - 1) // temporal + 1) * (side // spatial // 2) ** 2
 
 
 def measure(model, call: dict, runs: int, output_type: str) -> dict:
@@ -57,23 +58,34 @@ def main() -> None:
         "--outputs", default="latent,np", help="latent: the denoising loop alone; np: the whole call"
     )
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
+    parser.add_argument("--model", type=Path, default=None, help="a moving-digits build (default: tiny-wan)")
+    parser.add_argument("--batch", type=int, default=1, help="clips per call")
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_sequence.json")
     args = parser.parse_args()
-    model = build("tiny-wan", args.cache / "tiny-wan-bench", size="bench")
+    model = args.model or build("tiny-wan", args.cache / "tiny-wan-bench", size="bench")
+    prompt, guidance, scales = "a red circle", 1.0, (4, 8)
+    if args.model:
+        settings = json.loads((args.model / "eval" / "prompts.json").read_text())
+        prompt, guidance, clip = settings["bench_prompts"][0], settings["guidance"], settings["call"]
+        args.clips = f"{clip['num_frames']}x{clip['height']}"
+        vae = json.loads((args.model / "vae" / "config.json").read_text())
+        scales = (vae["scale_factor_temporal"], vae["scale_factor_spatial"])
     rows = []
     for clip in args.clips.split(","):
         frames, side = map(int, clip.split("x"))
-        call = {"prompt": ["a red circle"], "num_inference_steps": args.steps, "guidance_scale": 1.0,
+        call = {"prompt": [prompt] * args.batch, "num_inference_steps": args.steps, "guidance_scale": guidance,
                 "num_frames": frames, "height": side, "width": side}  # fmt: skip
         for output in args.outputs.split(","):
-            row = {"frames": frames, "side": side, "tokens": tokens(frames, side), "output_type": output,
+            row = {"frames": frames, "side": side, "tokens": tokens(frames, side, *scales), "output_type": output,
                    **measure(model, call, args.runs, output)}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
-    result = {"model": "tiny-wan (bench build, random weights)", "spec": SPEC, "steps": args.steps, "guidance": 1.0,
+    name = f"moving-digits ({args.model})" if args.model else "tiny-wan (bench build, random weights)"
+    result = {"model": name, "spec": SPEC, "steps": args.steps, "guidance": guidance, "batch": args.batch,
               "runs": args.runs, "rows": rows, "date": str(date.today()),
               "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
-              "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"}  # fmt: skip
+              "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
+                         + (f" --model MODEL --batch {args.batch}" if args.model else "")}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
 

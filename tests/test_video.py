@@ -1,6 +1,8 @@
-"""The video pipelines (Wan, CogVideoX, LTX-Video, HunyuanVideo): tiny builds that save, reload and generate
-clips; their guidance layout as the facts predict it; and their row of the compatibility matrix (every
-accelerator works under every habit or is refused at ``apply`` naming the family and why)."""
+"""The video pipelines (Wan, CogVideoX, LTX-Video, HunyuanVideo, and Wan's and LTX-Video's image-to-video
+pipelines): tiny builds that save, reload and generate clips; their guidance layout as the facts predict it; and
+their row of the compatibility matrix (every accelerator works under every habit or is refused at ``apply``
+naming the family and why; the image-to-video rows run the accelerators that touch the call or the sampler,
+as the image families' variants do)."""
 
 import os
 
@@ -12,8 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from diffusers import DiffusionPipeline  # noqa: E402
-from flow_matrix import JOINT_PROCESSOR, NO_ATTENTION_LAYER, NOT_PRUNABLE, check  # noqa: E402
-from helpers import assert_plausible_images, in_fresh_memory, saved_zoo_pipelines  # noqa: E402
+from flow_matrix import JOINT_PROCESSOR, MODULE_ONLY, NO_ATTENTION_LAYER, NOT_PRUNABLE, check  # noqa: E402
+from helpers import assert_plausible_images, full_only, in_fresh_memory, saved_zoo_pipelines  # noqa: E402
 
 from fastdiff import AcceleratorError, FastPipeline  # noqa: E402
 from fastdiff.core.inputs import make_inputs  # noqa: E402
@@ -22,6 +24,7 @@ from fastdiff.eval.compat import MATRIX_SPECS  # noqa: E402
 from fastdiff.zoo.tiny_video import VIDEO_MAKERS, make_video_pipeline  # noqa: E402
 
 MODELS = list(VIDEO_MAKERS)
+BASES = ("tiny-wan", "tiny-cogvideox", "tiny-ltx", "tiny-hunyuan-video")  # the others: image-to-video
 CLIP = (1, 9, 32, 32, 3)  # batch, frames, height, width, channels
 _COMMON = {"deepcache": "needs a UNet", "tome": "tome does not support", "prune": NOT_PRUNABLE}
 REFUSALS = {
@@ -31,7 +34,14 @@ REFUSALS = {
                        "scheduler": "reshapes its noise schedule (snr_shift_scale=3.0)"},
     "tiny-hunyuan-video": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR},
 }  # fmt: skip
+REFUSALS["tiny-wan-i2v"], REFUSALS["tiny-ltx-i2v"] = REFUSALS["tiny-wan"], REFUSALS["tiny-ltx"]
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
+# module-only accelerators act on the denoiser class alone, the same under image-to-video; make test keeps the
+# caches of the image-to-video rows, make test-full the rest
+CELLS = [
+    full_only(n, a, ci=n in BASES or a in ("blockcache", "forecast"))
+    for n in MODELS for a in EVERY if n in BASES or a not in MODULE_ONLY
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +81,8 @@ def test_guidance_layout_is_known_before_the_call(saved):
         "tiny-hunyuan-video": [({}, 2, 1), (dict(negative_prompt="blur", true_cfg_scale=3.0), 4, 1)],
         "tiny-cogvideox": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
         "tiny-ltx": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
+        "tiny-wan-i2v": [({}, 4, 1), (dict(guidance_scale=1.0), 2, 1)],
+        "tiny-ltx-i2v": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
     }
     for name, calls in cases.items():
         fp = FastPipeline(saved[name][0])
@@ -92,8 +104,7 @@ def test_guidance_layout_is_known_before_the_call(saved):
         fp.unwrap()
 
 
-@pytest.mark.parametrize("accelerator", EVERY)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,accelerator", CELLS)
 def test_cell(name, accelerator):
     check(name, accelerator, REFUSALS)
 

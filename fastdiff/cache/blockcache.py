@@ -11,6 +11,9 @@ norms) still run. State is kept per guidance branch and cleared at the start of 
 Blocks that take and return text states beside the image states (Flux's and SD3's dual-stream blocks) are read
 through diffusers' block metadata (``fastdiff.core.models.block_io``): the residual is that of the image states,
 and a skipped block passes both through. Blocks run in the order of the model's block lists (``DenoiserFacts``).
+Where the last blocks return the text tokens joined before the image tokens (Flux.2's single-stream blocks, the
+fact ``joined_last_block``), the residual is read from the trailing image tokens; a skipped step passes the
+joined sequence through, and the model drops the text part itself.
 
 diffusers' ``apply_first_block_cache`` fails on DiTPipeline ("No cache context is set": neither the pipeline
 nor DiTTransformer2DModel sets a ``cache_context``) and keeps one whole-batch state, so the same algorithm is
@@ -56,6 +59,9 @@ class _State:
         ] = {}  # interval: None for a tensor output, else the tuple's layout
         self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
+        self.joined = (
+            False  # the last block returns [text, image] joined: its image states are the trailing ones
+        )
         self.last_full = 0
 
     def cache(self, key: str) -> BranchCache:
@@ -129,7 +135,10 @@ class _Rest(ModelHook):
             return passed_through(self.io, args, kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if self.last:
-            st.cache("tail").put(st.branches, st.step, hidden_out(self.io, output) - st.head_output)
+            hidden = hidden_out(self.io, output)
+            if st.joined:
+                hidden = hidden[:, -st.head_output.shape[1] :]
+            st.cache("tail").put(st.branches, st.step, hidden - st.head_output)
         return output
 
 
@@ -206,12 +215,8 @@ class BlockCache(Accelerator):
             raise UnsupportedModelError(
                 f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
             )
-        if self.mode != "interval" and facts.no_block_residual:
-            raise UnsupportedModelError(
-                f"blockcache(mode={self.mode}) caches the residual from the first block to the last; on "
-                f"{type(model).__name__} {facts.no_block_residual} (use mode=interval)"
-            )
         state = _State(self, fp.context)
+        state.joined = facts.joined_last_block
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode != "interval":
             if self.mode == "teacache":

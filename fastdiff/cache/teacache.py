@@ -33,7 +33,8 @@ def modulation_of(block) -> tuple[str, ...]:
     """``block``'s ``MODULATION`` facts, or a refusal naming the block class."""
     found = MODULATION.get(type(block).__name__)
     # a shared block class (BasicTransformerBlock) modulates through its table only in some models (PixArt)
-    if found is None or not all(hasattr(block, name) for name in (found[0], *found[2:])):
+    names = [name for name in (*(found or ())[:1], *(found or ())[2:]) if not name.startswith("chunks:")]
+    if found is None or not all(hasattr(block, name) for name in names):
         raise UnsupportedModelError(
             f"blockcache(mode=teacache) has no facts on where {type(block).__name__} modulates its input "
             f"(known: {', '.join(sorted(MODULATION))}, BasicTransformerBlock with an adaLN-single table only); "
@@ -48,6 +49,10 @@ def modulated_input(block, io, args, kwargs) -> torch.Tensor:
     hidden = hidden_in(io, args, kwargs)
     if not table:
         return getattr(block, norm_name)(hidden, emb=emb)[0]
+    if table[0].startswith("chunks:"):  # shift, scale, gate, ... as equal chunks of the last dim
+        mod = emb if emb.ndim == 3 else emb.unsqueeze(1)
+        shift, scale = mod.chunk(int(table[0].split(":")[1]), dim=-1)[:2]
+        return getattr(block, norm_name)(hidden) * (1 + scale) + shift
     rows = getattr(block, table[0])
     dim = rows.shape[-1]
     # (batch, 1 or tokens, 6, dim): one row set per sample (PixArt, Sana, Wan) or per token (LTX)

@@ -146,6 +146,13 @@ _VIDEO_PIPELINES = {
                                           family="HunyuanVideo", guidance_embeds_flag="guidance_embeds",
                                           latent_multiple=2),
 }  # fmt: skip
+# Image-to-video: the text-to-video facts, plus the first frame as an image input.
+_VIDEO_PIPELINES["WanImageToVideoPipeline"] = dataclasses.replace(
+    _VIDEO_PIPELINES["WanPipeline"], image_inputs=("image",)
+)
+_VIDEO_PIPELINES["LTXImageToVideoPipeline"] = dataclasses.replace(
+    _VIDEO_PIPELINES["LTXPipeline"], image_inputs=("image",)
+)
 PIPELINES.update(_VIDEO_PIPELINES)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
     PIPELINES["StableDiffusionPipeline"], prompt_embeds=("prompt_embeds", "negative_prompt_embeds")
@@ -251,9 +258,9 @@ class DenoiserFacts:
     # Modules that parallel(mode=async) may assign to stages, as dotted patterns ("*" = one name component);
     # they run one after another, each once per forward (the order is recorded at the first call).
     stage_units: tuple[str, ...] = ()
-    # Why the last block's image states cannot be compared with the first block's (blockcache's first-block and
-    # TeaCache modes cache that residual); empty when they can.
-    no_block_residual: str = ""
+    # The last blocks return the text (and reference) tokens joined before the image tokens (Flux.2's single-stream
+    # blocks): blockcache's first-block and TeaCache modes read the image residual from the trailing tokens.
+    joined_last_block: bool = False
 
 
 # UNets: conv_in, every layer inside the down/mid/up blocks (resnets, attentions, samplers), the output convs.
@@ -302,8 +309,7 @@ DENOISERS: dict[str, DenoiserFacts] = {
     "Flux2Transformer2DModel": DenoiserFacts(
         "transformer",
         ("transformer_blocks", "single_transformer_blocks"),
-        no_block_residual="its single-stream blocks return the joined text and image sequence, longer than the "
-        "image states of its first block",
+        joined_last_block=True,
     ),
     "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_SD3_UNITS),
     "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
@@ -343,7 +349,8 @@ REUSABLE_LAYERS: dict[str, tuple[str, ...]] = {
 # Where a block modulates its input by the timestep embedding (TeaCache's indicator): (norm submodule, embedding
 # argument) for an adaLN norm called as ``norm(hidden_states, emb=<argument>)`` whose first output is the modulated
 # input; (norm, argument, table) for adaLN-single blocks, which add the embedding to a learned (6, dim) table and
-# compute ``norm(hidden_states) * (1 + scale) + shift`` from its first two rows.
+# compute ``norm(hidden_states) * (1 + scale) + shift`` from its first two rows; (norm, argument, "chunks:N") for
+# blocks handed the modulation computed, as N equal chunks (shift, scale, gate, ...) of the argument's last dim.
 MODULATION: dict[str, tuple[str, ...]] = {
     "FluxTransformerBlock": ("norm1", "temb"),
     "FluxSingleTransformerBlock": ("norm", "temb"),
@@ -355,6 +362,8 @@ MODULATION: dict[str, tuple[str, ...]] = {
     "SanaTransformerBlock": ("norm1", "timestep", "scale_shift_table"),
     "WanTransformerBlock": ("norm1", "temb", "scale_shift_table"),
     "LTXVideoTransformerBlock": ("norm1", "temb", "scale_shift_table"),
+    # Flux.2: the modulation arrives computed, as (shift, scale, gate) x 2 chunks of one tensor
+    "Flux2TransformerBlock": ("norm1", "temb_mod_img", "chunks:6"),
 }
 
 

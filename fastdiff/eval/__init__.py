@@ -13,7 +13,7 @@ def quality_for(pipe) -> QualityFn | None:
     """The evaluator registered for ``pipe``'s class, or None."""
     # The digits evaluators live in eval.quality; the exact models' (GMM) in their own modules, which are
     # imported wherever one of their pipelines exists.
-    from fastdiff.eval import quality  # noqa: F401
+    from fastdiff.eval import quality, quality_video  # noqa: F401
 
     return QUALITY.get(type(pipe).__name__)
 

@@ -57,6 +57,19 @@ def atomic_save(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def ema_updater(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> Callable[[int], None]:
+    """An ``after_step`` that moves ``ema``'s parameters toward ``model``'s, with diffusers ``EMAModel``'s warm-up
+    (the decay at step ``s`` is ``min(decay, (1 + s) / (10 + s))``)."""
+
+    def update(step: int) -> None:
+        rate = min(decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for target, source in zip(ema.parameters(), model.parameters()):
+                target.lerp_(source.detach(), 1 - rate)
+
+    return update
+
+
 def step_generator(seed: int, step: int, micro: int = 0, accumulate: int = 1) -> torch.Generator:
     """The generator of micro-batch ``micro`` of step ``step``: the data order depends only on the seed."""
     return torch.Generator().manual_seed(seed * 1_000_003 + step * accumulate + micro)

@@ -44,6 +44,7 @@ def _load_builders() -> None:
         reference,
         reference_flow,
         reference_sd,
+        reference_video,
         tiny,
         tiny_flow,
         tiny_video,

@@ -44,7 +44,7 @@ from diffusers import (
 )
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
 
-from fastdiff.train.loop import train
+from fastdiff.train.loop import ema_updater, train
 from fastdiff.zoo.digit_captions import bench_prompts, stroke_words, training_prompts
 from fastdiff.zoo.registry import register_model
 
@@ -206,14 +206,8 @@ def train_transformer(latents, prompt_embeds, pooled, allowed, steps: int, out: 
                    pooled[prompt].to(device))  # fmt: skip
         return F.mse_loss(pred, (noise - z0).to(device))  # compute_loss_weighting_for_sd3: 1 for logit-normal
 
-    def update_ema(step: int) -> None:
-        decay = min(ema_decay, (1 + step) / (10 + step))  # EMAModel's warm-up
-        with torch.no_grad():
-            for target, source in zip(ema.parameters(), model.parameters()):
-                target.lerp_(source.detach(), 1 - decay)
-
     report = train(model, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   extra={"ema": ema}, after_step=update_ema, checkpoint="transformer_checkpoint.pt",
+                   extra={"ema": ema}, after_step=ema_updater(ema, model, ema_decay), checkpoint="transformer_checkpoint.pt",
                    log_name="transformer_loss.csv", desc="digits-flow transformer", save_every=100,
                    resume=resume, stop_after=stop_after)  # fmt: skip
     report.update(batch_size=batch_size, lr=lr, ema_decay=ema_decay, logit_mean=logit_mean, logit_std=logit_std,
@@ -237,18 +231,10 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
 
         build_reference_flow("/tmp/digits-flow", steps=5, threads=1)
     """
-    from fastdiff.zoo.reference_sd import install_digits_eval
+    from fastdiff.zoo.reference_sd import digits_build
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
     out = Path(out_dir)
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        x_train, y_train = install_digits_eval(out)
-        if not resume:
-            (out / "transformer_checkpoint.pt").unlink(missing_ok=True)
+    with digits_build(out, threads, resume, steps=steps) as (x_train, y_train):
         vae, tokenizer, text_encoder = digits_sd_parts(sd_source)
         mean, std = encode_latents(vae, x_train)
         shift, scale = vae.config.shift_factor, vae.config.scaling_factor
@@ -266,8 +252,6 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
             latents, embeds, pooled, allowed, steps, out, seed, progress, resume=resume, stop_after=stop_after,
             **train_kwargs,
         )  # fmt: skip
-    finally:
-        torch.set_num_threads(previous)
     if report["steps"] < steps:
         print(f"digits-flow: stopped at step {report['steps']} of {steps}; continue with resume=True")
         return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNe
 from diffusers.training_utils import compute_snr
 from transformers import CLIPTextModel
 
-from fastdiff.train.loop import train
+from fastdiff.train.loop import ema_updater, train
 from fastdiff.zoo.digit_captions import EXTRA_WORDS, bench_prompts, stroke_words, training_prompts
 from fastdiff.zoo.registry import register_model
 from fastdiff.zoo.tiny_base import sd_scheduler, text_config
@@ -130,14 +131,8 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
         snr = compute_snr(noise_scheduler, t).to(device)  # Min-SNR weighting (Hang et al. 2023)
         return (per_sample * snr.clamp(max=snr_gamma) / snr).mean()
 
-    def update_ema(step: int) -> None:
-        decay = min(ema_decay, (1 + step) / (10 + step))  # EMAModel's warm-up
-        with torch.no_grad():
-            for target, source in zip(ema.parameters(), model.parameters()):
-                target.lerp_(source.detach(), 1 - decay)
-
     report = train(model, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   extra={"ema": ema}, after_step=update_ema, checkpoint="unet_checkpoint.pt",
+                   extra={"ema": ema}, after_step=ema_updater(ema, model, ema_decay), checkpoint="unet_checkpoint.pt",
                    log_name="unet_loss.csv", desc="digits-sd unet")  # fmt: skip
     ema.cpu().eval()
     return ema.text_encoder, ema.unet, report
@@ -155,6 +150,27 @@ def install_digits_eval(out: Path) -> tuple[np.ndarray, np.ndarray]:
         return split["x_train"], split["y_train"]
 
 
+@contextmanager
+def digits_build(out: Path, threads: int | None, resume: bool, **steps: int):
+    """Around a text-conditional digits build into ``out``: checks each of ``steps`` is a positive integer, sets
+    torch's threads (restored after), installs the digits evaluation files, removes stale checkpoints unless
+    ``resume``; yields the train split ``(x_train, y_train)``."""
+    for name, value in steps.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        x_train, y_train = install_digits_eval(out)
+        if not resume:
+            for stale in out.glob("*_checkpoint.pt"):
+                stale.unlink()
+        yield x_train, y_train
+    finally:
+        torch.set_num_threads(previous)
+
+
 def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae_steps"],
                        unet_steps: int = SIZES["bench"]["unet_steps"], seed: int = 0, resume: bool = False,
                        threads: int | None = None, progress: bool = True) -> Path:  # fmt: skip
@@ -167,18 +183,8 @@ def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae
 
         build_reference_sd("/tmp/digits-sd", vae_steps=5, unet_steps=5, threads=1)
     """
-    for name, value in (("vae_steps", vae_steps), ("unet_steps", unet_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     out = Path(out_dir)
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        x_train, y_train = install_digits_eval(out)
-        if not resume:
-            for stale in out.glob("*_checkpoint.pt"):
-                stale.unlink()
+    with digits_build(out, threads, resume, vae_steps=vae_steps, unet_steps=unet_steps) as (x_train, y_train):
         print(
             f"digits-sd: training the VAE ({vae_steps} steps), then text encoder + UNet ({unet_steps} steps)"
         )
@@ -187,8 +193,6 @@ def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae
         text_encoder, unet, unet_report = train_text_unet(
             latents, y_train, stroke_words(x_train), tokenizer, unet_steps, out, seed, progress
         )
-    finally:
-        torch.set_num_threads(previous)
     pipe = StableDiffusionPipeline(
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=sd_scheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,

@@ -1,4 +1,4 @@
-"""The reference models shipped with the package (digits, digits-sd, digits-flow), checked by sha256 before every use.
+"""The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits), checked by sha256 before every use.
 
 ``fastdiff/zoo/data/digits/`` holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
 (the pipeline with its fp32 safetensors weights, the evaluation classifier, the train/test split, the build's
@@ -129,12 +129,19 @@ SHIPPED_FLOW: dict[str, tuple[int, str]] = {
 }
 
 
+DATA_DIR_VIDEO = DATA_DIR.parent / "moving-digits"
+BUILD_COMMAND_VIDEO = "python -m fastdiff.zoo.reference_video build DIR --threads 2"
+# moving-digits (fastdiff/zoo/reference_video.py): its frames are scored with the digits reference's classifier
+SHIPPED_VIDEO: dict[str, tuple[int, str]] = {}
+
+
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
     """name -> (data folder, its table, the command that rebuilds it)."""
     return {
         "digits": (DATA_DIR, SHIPPED, BUILD_COMMAND),
         "digits-sd": (DATA_DIR_SD, SHIPPED_SD, BUILD_COMMAND_SD),
         "digits-flow": (DATA_DIR_FLOW, SHIPPED_FLOW, BUILD_COMMAND_FLOW),
+        "moving-digits": (DATA_DIR_VIDEO, SHIPPED_VIDEO, BUILD_COMMAND_VIDEO),
     }
 
 
@@ -229,7 +236,7 @@ def verify_digits(directory: str | Path) -> Path:
 
 
 SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
-SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow")  # models installed with SD_EVAL_FILES
+SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits")  # models installed with SD_EVAL_FILES
 
 
 def is_installed(directory: str | Path, model: str = "digits") -> bool:
@@ -306,8 +313,9 @@ def ensure_digits(directory: str | Path) -> Path:
 
 
 __all__ = [
-    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "BUILD_COMMAND", "BUILD_COMMAND_SD", "BUILD_COMMAND_FLOW",
-    "SHIPPED", "SHIPPED_SD", "SHIPPED_FLOW", "ShippedModelError",
+    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "DATA_DIR_VIDEO", "BUILD_COMMAND", "BUILD_COMMAND_SD",
+    "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "SHIPPED", "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO",
+    "ShippedModelError",
     "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
     "install", "install_digits", "ensure_digits",
 ]  # fmt: skip

@@ -110,8 +110,9 @@ def bpe_vocab_and_merges(
     return vocab, merges
 
 
-def make_t5_tokenizer(model_max_length: int = 512) -> T5Tokenizer:
-    """A T5 (sentencepiece Unigram) tokenizer: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, words, characters.
+def make_t5_tokenizer(model_max_length: int = 512, extra_words: str = "") -> T5Tokenizer:
+    """A T5 (sentencepiece Unigram) tokenizer: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, words (and
+    ``extra_words``, whitespace-separated, after them), characters.
 
     Example::
 
@@ -120,7 +121,8 @@ def make_t5_tokenizer(model_max_length: int = 512) -> T5Tokenizer:
     """
     # Unigram scores are log-probabilities: a whole word (-3) beats its characters (-10 each).
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -5.0)]
-    pieces += [("▁" + word, -3.0) for word in WORDS] + [(word, -4.0) for word in WORDS]
+    words = list(dict.fromkeys(WORDS + extra_words.split()))
+    pieces += [("▁" + word, -3.0) for word in words] + [(word, -4.0) for word in words]
     pieces += [(char, -10.0) for char in PRINTABLE if char not in {"▁"}]
     pieces = list({piece: (piece, score) for piece, score in pieces}.values())  # first score wins
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=model_max_length)

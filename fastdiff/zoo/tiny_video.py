@@ -38,9 +38,11 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     HunyuanVideoPipeline,
     HunyuanVideoTransformer3DModel,
+    LTXImageToVideoPipeline,
     LTXPipeline,
     LTXVideoTransformer3DModel,
     UniPCMultistepScheduler,
+    WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
 )
@@ -100,21 +102,23 @@ def _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer, **more)
                             transformer=_calm(transformer, "proj_out"), **more))  # fmt: skip
 
 
-def make_tiny_wan(size: str = "test", seed: int = 0) -> WanPipeline:
-    """Wan 2.1 text-to-video style: UMT5-style encoder, Wan causal 3D VAE (8x spatial, 4x temporal), UniPC flow."""
+def make_tiny_wan(size: str = "test", seed: int = 0, image_to_video: bool = False) -> WanPipeline:
+    """Wan 2.1 text-to-video style: UMT5-style encoder, Wan causal 3D VAE (8x spatial, 4x temporal), UniPC flow.
+    ``image_to_video``: ``WanImageToVideoPipeline`` as Wan 2.2 I2V builds it (no image encoder; the transformer
+    also reads the first frame's latents and a 4-channel frame mask)."""
     tokenizer, text_encoder = _t5(size, seed, 512, umt5=True)
     z_dim = 4 if size == "test" else 16
     vae = seeded(seed, AutoencoderKLWan, base_dim=8 if size == "test" else 16, z_dim=z_dim, dim_mult=[1, 1, 2, 2],
                  num_res_blocks=1, temperal_downsample=[False, True, True], latents_mean=[0.0] * z_dim,
                  latents_std=[1.0] * z_dim)  # fmt: skip
+    condition = z_dim + vae.config.scale_factor_temporal if image_to_video else 0
     transformer = seeded(
-        seed, WanTransformer3DModel, patch_size=(1, 2, 2), in_channels=vae.config.z_dim, out_channels=vae.config.z_dim,
+        seed, WanTransformer3DModel, patch_size=(1, 2, 2), in_channels=z_dim + condition, out_channels=z_dim,
         text_dim=text_encoder.config.d_model, freq_dim=32, ffn_dim=2 * _width(size), num_layers=_LAYERS[size],
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64, **_HEADS[size],
     )  # fmt: skip
-    return _pipeline(
-        WanPipeline, UniPCMultistepScheduler(**WAN_SCHEDULER), tokenizer, text_encoder, vae, transformer
-    )
+    cls = WanImageToVideoPipeline if image_to_video else WanPipeline
+    return _pipeline(cls, UniPCMultistepScheduler(**WAN_SCHEDULER), tokenizer, text_encoder, vae, transformer)
 
 
 def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
@@ -137,8 +141,10 @@ def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
     return _pipeline(CogVideoXPipeline, scheduler, tokenizer, text_encoder, vae, transformer)
 
 
-def make_tiny_ltx(size: str = "test", seed: int = 0) -> LTXPipeline:
-    """LTX-Video style: one-patch DiT over T5 (128 tokens), LTX VAE (32x spatial, 8x temporal), flow Euler."""
+def make_tiny_ltx(size: str = "test", seed: int = 0, image_to_video: bool = False) -> LTXPipeline:
+    """LTX-Video style: one-patch DiT over T5 (128 tokens), LTX VAE (32x spatial, 8x temporal), flow Euler.
+    ``image_to_video``: ``LTXImageToVideoPipeline`` over the same model (the first frame's latents fixed,
+    per-token timesteps)."""
     tokenizer, text_encoder = _t5(size, seed, 128)
     channels = (8, 8, 8, 8) if size == "test" else (16, 32, 32, 32)
     vae = seeded(
@@ -153,7 +159,8 @@ def make_tiny_ltx(size: str = "test", seed: int = 0) -> LTXPipeline:
         caption_channels=text_encoder.config.d_model, **_HEADS[size],
     )  # fmt: skip
     scheduler = FlowMatchEulerDiscreteScheduler(**LTX_SCHEDULER)
-    return _pipeline(LTXPipeline, scheduler, tokenizer, text_encoder, vae, transformer)
+    cls = LTXImageToVideoPipeline if image_to_video else LTXPipeline
+    return _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer)
 
 
 def make_tiny_hunyuan_video(size: str = "test", seed: int = 0) -> HunyuanVideoPipeline:
@@ -188,6 +195,8 @@ VIDEO_MAKERS: dict[str, Callable[[str, int], DiffusionPipeline]] = {
     "tiny-cogvideox": make_tiny_cogvideox,
     "tiny-ltx": make_tiny_ltx,
     "tiny-hunyuan-video": make_tiny_hunyuan_video,
+    "tiny-wan-i2v": partial(make_tiny_wan, image_to_video=True),
+    "tiny-ltx-i2v": partial(make_tiny_ltx, image_to_video=True),
 }
 
 
