@@ -87,7 +87,9 @@ def r_parallel_sequence(d: dict) -> str:
         ],
         d["rows"],
     ) + (
-        f"\n\nModel: {d.get('model')}; `{d.get('spec')}`; {d.get('steps')} steps, guidance off; "
+        f"\n\nModel: {d.get('model')}; `{d.get('spec')}`; {d.get('steps')} steps, "
+        f"{'guidance off' if d.get('guidance', 1.0) <= 1.0 else 'guidance ' + str(d['guidance'])}"
+        f"{'; ' + str(d['batch']) + ' clips per call' if d.get('batch', 1) > 1 else ''}; "
         f"{d.get('runs')} alternating runs. The whole call includes the VAE decode, which every rank runs whole."
     )
 
@@ -211,6 +213,13 @@ SECTIONS: dict[str, Section] = {
         "parallel(mode=ulysses)",
         "`benchmarks/parallel_sequence.py`",
         "Sequence parallelism on a video transformer: two processes x 1 thread against one process x 1 thread.",
+        r_parallel_sequence,
+    ),
+    "parallel_sequence_moving_digits": Section(
+        GROUPS[8],
+        "parallel(mode=ulysses) on moving-digits",
+        "`benchmarks/parallel_sequence.py --model MODEL`",
+        "Sequence parallelism on the trained video reference at its own clip size.",
         r_parallel_sequence,
     ),
     "parallel_async_digits_overlap_seeds": Section(

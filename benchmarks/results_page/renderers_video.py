@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import code, db, fx, num, sec, table
+from .format import code, db, fx, num, pct, sec, table
 from .renderers_flow import r_flow_families
 from .section import GROUPS, Section
 
@@ -30,7 +30,74 @@ def r_video_families(d: dict) -> str:
     return r_flow_families(d).replace("CPU seconds of one call", "CPU seconds of one 9-frame clip")
 
 
+_VIDEO_QUALITY = [
+    ("digit accuracy", lambda r: pct(r.get("accuracy"))),
+    ("direction accuracy", lambda r: pct(r.get("direction_accuracy"))),
+    ("FD", lambda r: num(r.get("fd"))),
+    ("FD floor", lambda r: num(r.get("fd_floor"))),
+    ("temporal change vs real", lambda r: num(r.get("temporal_ratio"), 3)),
+]
+
+
+def r_moving_digits_build(d: dict) -> str:
+    t, v = d.get("training", {}), d.get("vae", {})
+    rows = table(
+        [("guidance", lambda r: r.get("guidance")), ("steps", lambda r: r.get("steps")),
+         ("clips", lambda r: r.get("clips"))] + _VIDEO_QUALITY + [("s / call", lambda r: sec(r.get("seconds")))],
+        d["rows"],
+    )  # fmt: skip
+    real = d.get("real_clips", {})
+    target = d.get("target", {})
+    return rows + (
+        f"\n\nTraining: VAE {v.get('steps')} steps ({v.get('seconds', 0) / 60:.0f} min; reconstructions of test clips:"
+        f" PSNR {num(v.get('psnr_test'), 1)} dB, digit accuracy {pct(v.get('accuracy_test'))}, FD"
+        f" {num(v.get('fd_test'))}: what the autoencoder alone allows), transformer"
+        f" {t.get('steps')} steps ({t.get('seconds', 0) / 60:.0f} min), loss {t.get('loss_first', 0):.2f} ->"
+        f" {t.get('loss_last', 0):.2f}. Real test clips score {pct(real.get('accuracy'))} digit and"
+        f" {pct(real.get('direction_accuracy'))} direction accuracy (the metrics' ceiling). Target: digit and"
+        f" direction accuracy >= 90% and FD <= 3x the floor; met: {'yes' if target.get('met') else 'no'}."
+        + (f" {d['note']}" if d.get("note") else "")
+    )
+
+
+def r_video_caching(d: dict) -> str:
+    return table(
+        [
+            ("config", lambda r: r["name"]),
+            ("setting", lambda r: code(r.get("setting"))),
+            ("process", lambda r: r.get("process")),
+            ("CPU s", lambda r: sec(r.get("cpu_median"))),
+            ("speedup", lambda r: fx(r.get("speedup"))),
+            ("computed", lambda r: num(r.get("computed"), 3)),
+        ]
+        + _VIDEO_QUALITY
+        + [("PSNR vs base", lambda r: db(r.get("psnr")))],
+        d["rows"],
+    ) + (
+        f"\n\n{d.get('images')} clips, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
+        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches; `computed`: the last block's attention calls"
+        " against the baseline's."
+        + (f" Configs split over {d['split']}." if d.get("split") else "")
+        + (f" {d['note']}" if d.get("note") else "")
+    )
+
+
 SECTIONS: dict[str, Section] = {
+    "moving_digits_build": Section(
+        GROUPS[7],
+        "The moving-digits build",
+        "`python -m fastdiff.zoo.reference_video build / eval`",
+        "The Wan-shaped video reference: training, and its digit and direction accuracy, FD and temporal change.",
+        r_moving_digits_build,
+    ),
+    "video_caching": Section(
+        GROUPS[7],
+        "Caching on moving-digits vs diffusers' caches",
+        "`benchmarks/video_caching.sh`",
+        "fastdiff's first-block, TeaCache, FORA and forecast caches against diffusers' first-block, TaylorSeer and"
+        " MagCache on the trained video reference.",
+        r_video_caching,
+    ),
     "video_families": Section(
         GROUPS[7],
         "Accelerators on the tiny video families",

@@ -132,7 +132,37 @@ SHIPPED_FLOW: dict[str, tuple[int, str]] = {
 DATA_DIR_VIDEO = DATA_DIR.parent / "moving-digits"
 BUILD_COMMAND_VIDEO = "python -m fastdiff.zoo.reference_video build DIR --threads 2"
 # moving-digits (fastdiff/zoo/reference_video.py): its frames are scored with the digits reference's classifier
-SHIPPED_VIDEO: dict[str, tuple[int, str]] = {}
+SHIPPED_VIDEO: dict[str, tuple[int, str]] = {
+    "model_index.json": (491, "77d30c31d8ec1a2a3fc574ff6ef36697db9ed25eaeb363f3d75413bb48369869"),
+    "scheduler/scheduler_config.json": (
+        883,
+        "19f08c4328fbf87ba031efa763e50803d3a592b34f2f758101591a01d462f5a4",
+    ),
+    "transformer/config.json": (478, "9847b64294a247f55efe2d28f0a1df75bf965f87057154e845e8ba9fc11ff16e"),
+    "transformer/diffusion_pytorch_model.safetensors": (
+        4886512,
+        "bdd2cec79f08af868ab0ea7130243fc3ec266b8e2a781006c6258ef3ea463196",
+    ),
+    "vae/config.json": (871, "de17f6f2c1e91375f1ffea682ff54e007e8b2fdd25c37bacef578bcb3b87e338"),
+    "vae/diffusion_pytorch_model.safetensors": (
+        2539524,
+        "502412cfbb3bf36bf7841f90f525da850422d8ee77f6283ccb94115d7519c4aa",
+    ),
+    "text_encoder/config.json": (759, "3b5baa4e9ef08e4d6d58d548f46660b090058dc34634c6eb1e6982beee35b100"),
+    "text_encoder/model.safetensors": (
+        515112,
+        "6163eac4aa6a46d9f65c66158a5bc170531b96ddef1d3274a9eaa544cab7260e",
+    ),
+    "tokenizer/tokenizer.json": (36834, "332acaacf2486e6cfa6388e648ca6483a640e9bbb22e4f0d19004692ce75bf78"),
+    "tokenizer/tokenizer_config.json": (
+        212,
+        "4fec3e1a8ec0235440fa3f7bad11cf46a5272109907847a30d9f01bc04805138",
+    ),
+    "eval/prompts.json": (2687, "59dfbcb2e4ef4296c67c306e5b1f9fd8b7df3b79a2a5841c158fac98a27ead24"),
+    "eval/report.json": (898, "67783b5788816b3734f0ba2dcf8a5eb4e7d000b1c98ad3b3331b04c564e93d8f"),
+    "transformer_loss.csv": (353235, "720ea5faa4decefad9bb9453a9f5daed3055c132d9a432af03cfa011b3440c70"),
+    "vae_loss.csv": (42238, "c6cee49a42e376293165ddebbfd844673a2c9ce7072e2718cb38fafea2d620c7"),
+}
 
 
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
