@@ -6,16 +6,21 @@ from .format import code, db, fx, num, pct, rel, sec, table
 from .renderers_parallel import r_parallel_cfg
 from .section import GROUPS, Section
 
+# benchmarks/flow_caching.py's rows: the config, its cost, the share of the blocks it computed
+CACHING_COLUMNS = [
+    ("config", lambda r: r["name"]),
+    ("setting", lambda r: code(r.get("setting"))),
+    ("process", lambda r: r.get("process")),
+    ("CPU s", lambda r: sec(r.get("cpu_median"))),
+    ("speedup", lambda r: fx(r.get("speedup"))),
+    ("computed steps", lambda r: num(r.get("computed"), 3)),
+]
+
 
 def r_flow_caching(d: dict) -> str:
     return table(
-        [
-            ("config", lambda r: r["name"]),
-            ("setting", lambda r: code(r.get("setting"))),
-            ("process", lambda r: r.get("process")),
-            ("CPU s", lambda r: sec(r.get("cpu_median"))),
-            ("speedup", lambda r: fx(r.get("speedup"))),
-            ("computed steps", lambda r: num(r.get("computed"), 3)),
+        CACHING_COLUMNS
+        + [
             ("accuracy", lambda r: pct(r.get("accuracy"))),
             ("FD", lambda r: num(r.get("fd"))),
             ("PSNR vs base", lambda r: db(r.get("psnr"))),

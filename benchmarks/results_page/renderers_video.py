@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .format import code, db, fx, num, pct, sec, table
-from .renderers_flow import r_flow_families
+from .renderers_flow import CACHING_COLUMNS, r_flow_families, r_teacache_fit
 from .section import GROUPS, Section
 
 
@@ -62,20 +62,11 @@ def r_moving_digits_build(d: dict) -> str:
 
 def r_video_caching(d: dict) -> str:
     return table(
-        [
-            ("config", lambda r: r["name"]),
-            ("setting", lambda r: code(r.get("setting"))),
-            ("process", lambda r: r.get("process")),
-            ("CPU s", lambda r: sec(r.get("cpu_median"))),
-            ("speedup", lambda r: fx(r.get("speedup"))),
-            ("computed", lambda r: num(r.get("computed"), 3)),
-        ]
-        + _VIDEO_QUALITY
-        + [("PSNR vs base", lambda r: db(r.get("psnr")))],
+        CACHING_COLUMNS + _VIDEO_QUALITY + [("PSNR vs base", lambda r: db(r.get("psnr")))],
         d["rows"],
     ) + (
         f"\n\n{d.get('images')} clips, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
-        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches; `computed`: the last block's attention calls"
+        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches; `computed steps`: the last block's attention calls"
         " against the baseline's."
         + (f" Configs split over {d['split']}." if d.get("split") else "")
         + (f" {d['note']}" if d.get("note") else "")
@@ -89,6 +80,13 @@ SECTIONS: dict[str, Section] = {
         "`python -m fastdiff.zoo.reference_video build / eval`",
         "The Wan-shaped video reference: training, and its digit and direction accuracy, FD and temporal change.",
         r_moving_digits_build,
+    ),
+    "moving_digits_teacache_fit": Section(
+        GROUPS[7],
+        "TeaCache fit on moving-digits",
+        "`fastdiff fit-teacache MODEL --steps 50 --calls 4 --batch 8`",
+        "The fitted output-change polynomial that video_caching.sh's TeaCache rows use.",
+        r_teacache_fit,
     ),
     "video_caching": Section(
         GROUPS[7],

@@ -330,14 +330,9 @@ def build_digits_flow(out_dir: Path, size: str = "bench", seed: int = 0, retrain
 
         build_digits_flow(Path("/tmp/digits-flow"), size="test")
     """
-    from fastdiff.zoo.shipped import install, shipped_models
+    from fastdiff.zoo.shipped import install_or_train
 
-    if size not in SIZES:
-        raise ValueError(f"digits-flow has no size {size!r}; allowed: {', '.join(SIZES)}")
-    if size == "bench" and seed == 0 and not retrain and shipped_models().get("digits-flow", (0, {}))[1]:
-        install(out_dir, "digits-flow")
-        return
-    build_reference_flow(out_dir, seed=seed, **SIZES[size])
+    install_or_train("digits-flow", out_dir, size, seed, retrain, SIZES, build_reference_flow)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -325,14 +325,9 @@ def build_results(model: str | Path, rows: list[dict]) -> dict:
 def build_moving_digits_zoo(out_dir: Path, size: str = "bench", seed: int = 0, retrain: bool = False) -> None:
     """Zoo builder: ``test`` trains a toy (seconds); ``bench`` copies the shipped, hash-checked model for seed 0,
     or with ``retrain`` (or another seed) trains it (the sizes' steps; about an hour on the 2 CPU cores)."""
-    from fastdiff.zoo.shipped import install, shipped_models
+    from fastdiff.zoo.shipped import install_or_train
 
-    if size not in SIZES:
-        raise ValueError(f"moving-digits has no size {size!r}; allowed: {', '.join(SIZES)}")
-    if size == "bench" and seed == 0 and not retrain and shipped_models().get("moving-digits", (0, {}))[1]:
-        install(out_dir, "moving-digits")
-        return
-    build_moving_digits(out_dir, seed=seed, **SIZES[size])
+    install_or_train("moving-digits", out_dir, size, seed, retrain, SIZES, build_moving_digits)
 
 
 def main(argv: list[str] | None = None) -> None:

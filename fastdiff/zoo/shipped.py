@@ -317,6 +317,22 @@ def install(out_dir: str | Path, model: str = "digits", source: str | Path | Non
     return out
 
 
+def install_or_train(model: str, out_dir, size: str, seed: int, retrain: bool, sizes: dict, train) -> None:
+    """A zoo builder's body: ``bench`` at seed 0 installs the shipped ``model`` (hash-checked) unless ``retrain``;
+    any other size or seed calls ``train(out_dir, seed=seed, **sizes[size])``.
+
+    Example::
+
+        install_or_train("digits-flow", "/tmp/digits-flow", "test", 0, False, SIZES, build_reference_flow)
+    """
+    if size not in sizes:
+        raise ValueError(f"{model} has no size {size!r}; allowed: {', '.join(sizes)}")
+    if size == "bench" and seed == 0 and not retrain and shipped_models().get(model, (0, {}))[1]:
+        install(out_dir, model)
+        return
+    train(out_dir, seed=seed, **sizes[size])
+
+
 def install_digits(out_dir: str | Path, source: str | Path = DATA_DIR) -> Path:
     """``install(out_dir, "digits", source)``: the shipped digits reference, in well under a second.
 
@@ -347,5 +363,5 @@ __all__ = [
     "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "SHIPPED", "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO",
     "ShippedModelError",
     "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
-    "install", "install_digits", "ensure_digits",
+    "install", "install_or_train", "install_digits", "ensure_digits",
 ]  # fmt: skip
