@@ -80,7 +80,7 @@ def main() -> None:
                    **measure(model, call, args.runs, output)}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
-    name = f"moving-digits ({args.model})" if args.model else "tiny-wan (bench build, random weights)"
+    name = f"moving-digits ({args.model.name})" if args.model else "tiny-wan (bench build, random weights)"
     result = {"model": name, "spec": SPEC, "steps": args.steps, "guidance": guidance, "batch": args.batch,
               "runs": args.runs, "rows": rows, "date": str(date.today()),
               "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
