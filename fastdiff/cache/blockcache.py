@@ -47,8 +47,11 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 
 class _State:
-    def __init__(self, config: BlockCache, context):
+    def __init__(self, config: BlockCache, context, joined: bool = False):
         self.config, self.context = config, context
+        self.joined = (
+            joined  # the last block returns [text, image] joined: its image states are the trailing ones
+        )
         self.step, self.branches = 0, ("cond",)
         self.skip = False  # first-block, teacache: the (remaining) blocks are skipped in this evaluation
         self.skipped = 0  # evaluations whose blocks were skipped (or reused, in interval mode), since apply
@@ -59,9 +62,6 @@ class _State:
         ] = {}  # interval: None for a tensor output, else the tuple's layout
         self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
-        self.joined = (
-            False  # the last block returns [text, image] joined: its image states are the trailing ones
-        )
         self.last_full = 0
 
     def cache(self, key: str) -> BranchCache:
@@ -215,8 +215,7 @@ class BlockCache(Accelerator):
             raise UnsupportedModelError(
                 f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
             )
-        state = _State(self, fp.context)
-        state.joined = facts.joined_last_block
+        state = _State(self, fp.context, joined=facts.joined_last_block)
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode != "interval":
             if self.mode == "teacache":

@@ -33,8 +33,9 @@ def modulation_of(block) -> tuple[str, ...]:
     """``block``'s ``MODULATION`` facts, or a refusal naming the block class."""
     found = MODULATION.get(type(block).__name__)
     # a shared block class (BasicTransformerBlock) modulates through its table only in some models (PixArt)
-    names = [name for name in (*(found or ())[:1], *(found or ())[2:]) if not name.startswith("chunks:")]
-    if found is None or not all(hasattr(block, name) for name in names):
+    if found is None or not all(
+        hasattr(block, name) for name in (found[0], *found[2:]) if not name.startswith("chunks:")
+    ):
         raise UnsupportedModelError(
             f"blockcache(mode=teacache) has no facts on where {type(block).__name__} modulates its input "
             f"(known: {', '.join(sorted(MODULATION))}, BasicTransformerBlock with an adaLN-single table only); "
