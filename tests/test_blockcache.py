@@ -173,3 +173,14 @@ def test_residual_modes_read_the_image_tokens_where_the_last_blocks_join_the_str
     assert 20 < psnr(cached, plain) < 200
     handle.remove()
     np.testing.assert_array_equal(run(), plain)
+
+
+@pytest.mark.parametrize("mode", ["first-block", "teacache"])
+def test_residual_modes_pass_every_habit_of_the_matrix_on_flux2(mode):
+    # the matrix's own cell runs blockcache in interval mode; these modes read the joined stream's image tokens
+    from fastdiff.eval.compat import check_cell
+
+    pipe = make_pipeline("tiny-flux2", "test")
+    pipe.set_progress_bar_config(disable=True)
+    cell = check_cell(pipe, f"blockcache(mode={mode},threshold=0.3)", "tiny-flux2")
+    assert cell.status == "ok", cell.failures
