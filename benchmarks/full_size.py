@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import platform
 import statistics
@@ -76,8 +77,10 @@ class PeakRSS:
 def latents(fp: FastPipeline, inputs: dict) -> tuple[float, np.ndarray]:
     """(process CPU seconds, latents) of one seeded call."""
     start = time.process_time()
-    out = fp(**inputs, output_type="latent", generator=torch.Generator().manual_seed(0)).images
-    return time.process_time() - start, out.float().numpy()
+    result = fp(**inputs, output_type="latent", generator=torch.Generator().manual_seed(0))
+    out = result.frames if hasattr(result, "frames") else result.images  # video pipelines return frames
+    seconds = time.process_time() - start
+    return seconds, out.float().numpy() if torch.is_tensor(out) else np.asarray(out)  # DiT decodes always
 
 
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float | None:
@@ -126,6 +129,8 @@ def run_matrix(model: str, dtype: str, args) -> dict:
     pipe.set_progress_bar_config(disable=True)
     fp = FastPipeline(pipe)
     inputs = {**make_inputs(pipe, 1, side=args.side), "num_inference_steps": args.steps}
+    if "num_frames" in inputs or "num_frames" in inspect.signature(pipe.__call__).parameters:
+        inputs["num_frames"] = args.frames
     with PeakRSS() as rss:
         seconds, plain = latents(fp, inputs)
     rows = [{"accelerator": "none", "status": "ok", "cpu_s": seconds, "finite": bool(np.isfinite(plain).all()),
@@ -137,7 +142,8 @@ def run_matrix(model: str, dtype: str, args) -> dict:
             f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB")  # fmt: skip
         print(f"  {name:14s} {r['status']:8s} {shown}  plain again: {r['removed_bit_identical']}", flush=True)
     fp.unwrap()
-    return {"model": model, "dtype": dtype, "side": args.side, "steps": args.steps, "rows": rows}
+    frames = {"frames": inputs["num_frames"]} if "num_frames" in inputs else {}
+    return {"model": model, "dtype": dtype, "side": args.side, "steps": args.steps, **frames, "rows": rows}
 
 
 def timed_configs(section: str, fp: FastPipeline) -> dict:
@@ -220,6 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="fp32,bf16", help="matrix dtypes; the timed sections use the first")
     p.add_argument("--accelerators", default=",".join(MATRIX))
     p.add_argument("--side", type=int, default=256, help="matrix image side (px)")
+    p.add_argument("--frames", type=int, default=9, help="matrix clip length of video models")
     p.add_argument("--tome-sides", default="512,1024")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)

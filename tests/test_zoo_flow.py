@@ -257,3 +257,23 @@ def test_separate_call_guidance_is_known_before_the_call(saved):
             seen.add(separate)
         fp.unwrap()
     assert seen == {True, False}
+
+
+def test_a_reused_call_gives_the_same_images_on_zimage(saved):
+    """diffusers' Z-Image pipelines write the chat template into the caller's prompt list, so calling the pipeline
+    twice with one argument dict templates the prompt twice; FastPipeline hands the pipeline a copy."""
+    from fastdiff import FastPipeline
+
+    pipe = saved["tiny-zimage"][0]
+    call = dict(prompt=[PROMPT], num_inference_steps=2, output_type="np", height=32, width=32)
+    first = pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    assert call["prompt"] != [PROMPT]  # the upstream behaviour this guards against
+    call["prompt"] = [PROMPT]
+    fp = FastPipeline(pipe)
+    try:
+        images = [fp(**call, generator=torch.Generator().manual_seed(0)).images for _ in range(2)]
+    finally:
+        fp.unwrap()
+    assert call["prompt"] == [PROMPT]
+    np.testing.assert_array_equal(images[0], first)
+    np.testing.assert_array_equal(images[1], first)

@@ -285,6 +285,37 @@ _SD3_UNITS = (
 )
 _FLUX_UNITS = ("x_embedder", "time_text_embed", "context_embedder", "transformer_blocks.*",
                "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
+_FLUX2_UNITS = ("x_embedder", "context_embedder", "time_guidance_embed", "double_stream_modulation_img",
+                "double_stream_modulation_txt", "single_stream_modulation", "transformer_blocks.*",
+                "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
+_QWEN_IMAGE_UNITS = ("img_in", "txt_norm", "txt_in", "time_text_embed", "transformer_blocks.*", "norm_out",
+                     "proj_out")  # fmt: skip
+_ZIMAGE_UNITS = ("all_x_embedder.*", "t_embedder", "cap_embedder", "noise_refiner.*", "context_refiner.*", "layers.*",
+                 "all_final_layer.*")  # fmt: skip
+_SANA_UNITS = ("patch_embed", "time_embed", "caption_projection", "caption_norm", "transformer_blocks.*", "norm_out",
+               "proj_out")  # fmt: skip
+_PIXART_UNITS = (
+    "pos_embed",
+    "adaln_single",
+    "caption_projection",
+    "transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
+
+# Video transformers, in the order their forward calls them (rotary tables and reshapes run on every stage).
+_WAN_UNITS = ("patch_embedding", "condition_embedder", "blocks.*", "norm_out", "proj_out")
+_COGVIDEOX_UNITS = (
+    "time_embedding",
+    "patch_embed",
+    "transformer_blocks.*",
+    "norm_final",
+    "norm_out",
+    "proj_out",
+)
+_LTX_UNITS = ("proj_in", "time_embed", "caption_projection", "transformer_blocks.*", "norm_out", "proj_out")
+_HUNYUAN_VIDEO_UNITS = ("x_embedder", "context_embedder", "time_text_embed", "transformer_blocks.*",
+                        "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
 
 
 DENOISERS: dict[str, DenoiserFacts] = {
@@ -309,22 +340,29 @@ DENOISERS: dict[str, DenoiserFacts] = {
     "Flux2Transformer2DModel": DenoiserFacts(
         "transformer",
         ("transformer_blocks", "single_transformer_blocks"),
+        stage_units=_FLUX2_UNITS,
         joined_last_block=True,
     ),
     "SD3Transformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_SD3_UNITS),
-    "QwenImageTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
-    "ZImageTransformer2DModel": DenoiserFacts("transformer", ("layers",)),
-    "SanaTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "QwenImageTransformer2DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks",), stage_units=_QWEN_IMAGE_UNITS
+    ),
+    "ZImageTransformer2DModel": DenoiserFacts("transformer", ("layers",), stage_units=_ZIMAGE_UNITS),
+    "SanaTransformer2DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_SANA_UNITS),
     "PixArtTransformer2DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks",), ("BasicTransformerBlock",)
+        "transformer", ("transformer_blocks",), ("BasicTransformerBlock",), stage_units=_PIXART_UNITS
     ),
     # Video transformers: one stack of blocks over (frames x height x width) patches and the text (HunyuanVideo:
     # dual-stream, then single-stream, like Flux).
-    "WanTransformer3DModel": DenoiserFacts("transformer", ("blocks",)),
-    "CogVideoXTransformer3DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
-    "LTXVideoTransformer3DModel": DenoiserFacts("transformer", ("transformer_blocks",)),
+    "WanTransformer3DModel": DenoiserFacts("transformer", ("blocks",), stage_units=_WAN_UNITS),
+    "CogVideoXTransformer3DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks",), stage_units=_COGVIDEOX_UNITS
+    ),
+    "LTXVideoTransformer3DModel": DenoiserFacts(
+        "transformer", ("transformer_blocks",), stage_units=_LTX_UNITS
+    ),
     "HunyuanVideoTransformer3DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks", "single_transformer_blocks")
+        "transformer", ("transformer_blocks", "single_transformer_blocks"), stage_units=_HUNYUAN_VIDEO_UNITS
     ),
 }
 

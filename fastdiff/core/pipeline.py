@@ -237,6 +237,10 @@ class FastPipeline:
     def __call__(self, *args, **kwargs):
         for key, value in self._defaults.items():
             kwargs.setdefault(key, value)
+        # Z-Image's pipelines write the chat template into the caller's prompt list: a reused call would change
+        kwargs = {
+            k: list(v) if isinstance(v, list) and k.endswith("prompt") else v for k, v in kwargs.items()
+        }
         self._check_call(kwargs)
         reattach(self.denoiser)  # another tool may have swapped the denoiser's forward out and back
         if self._active:

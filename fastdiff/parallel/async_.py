@@ -206,7 +206,7 @@ class AsyncDenoiserHook(ModelHook):
                 "parallel(mode=async) keeps one set of stale activations per step; guidance run as separate "
                 "denoiser calls (true CFG: true_cfg_scale > 1 with a negative prompt) "
                 "would feed one branch's activations to the other. Call without true CFG, or use "
-                "parallel(mode=cfg)'s batched-guidance families"
+                "parallel(mode=cfg)"
             )
         st.begin(batch_size_of(args, kwargs))
         try:

@@ -6,7 +6,9 @@ Every rank runs the same pipeline call with the same seed (scheduler, latents an
 all ranks, cheap next to the denoiser). A ``new_forward`` hook on the denoiser keeps only the rank's own
 branch chunk of each batched input (rank r takes branch r of the guidance layout), runs the denoiser on half
 the batch and all-gathers the halves, so every rank gets the full output and the pipeline's guidance formula
-runs unchanged. Steps without guidance (batch of one branch) run whole on every rank. The process group comes
+runs unchanged. Steps without guidance (batch of one branch) run whole on every rank. Pipelines that run the
+branches as separate denoiser calls (Wan, Flux's true CFG) get one call per rank instead (cfg_separate.py).
+The process group comes
 from ``torchrun`` or ``fastdiff.parallel.launch.launch``; its timeout bounds how long a rank waits for a dead
 or hung peer before the call fails with an error naming the step.
 
@@ -35,6 +37,7 @@ from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
+from fastdiff.parallel.cfg_separate import SeparateBranchHook
 from fastdiff.parallel.group import ParallelConfig, peers
 
 HOOK_NAME = "fastdiff.parallel-cfg"
@@ -108,8 +111,14 @@ class ParallelCfg(ParallelConfig):
     exclusive = frozenset({"denoiser.batch"})  # cfg-interval and baked-guidance students reshape the batch
 
     def apply(self, fp) -> Handle:
-        branches = guidance_branches(fp, "parallel(mode=cfg)")
+        sequence = pipeline_facts(
+            fp.pipe
+        ).cfg_sequence  # guidance as separate denoiser calls (cfg_separate.py)
+        branches = len(sequence) if len(sequence) > 1 else guidance_branches(fp, "parallel(mode=cfg)")
         if self.devices != branches:
             raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
                                    f"{branches}, got {self.devices}")  # fmt: skip
+        if len(sequence) > 1:
+            hook = SeparateBranchHook(fp.context, branches, self.group_rank())
+            return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)
         return install_branch_split(fp, branches, self.group_rank())
