@@ -87,3 +87,23 @@ def test_refusals_name_the_problem(models, tmp_path):
     sd3 = FastPipeline.from_pretrained(build("tiny-sd3", tmp_path / "sd3", size="test"))
     with pytest.raises(UnsupportedModelError, match="no context-parallel plan.*SD3Transformer2DModel.*Wan"):
         sd3.accelerate(ULYSSES)
+    ltx = FastPipeline.from_pretrained(build("tiny-ltx", tmp_path / "ltx", size="test"))
+    with pytest.raises(UnsupportedModelError, match="LTXVideoTransformer3DModel: diffusers' Ulysses .* mask"):
+        ltx.accelerate(ULYSSES)
+    with pytest.raises(AcceleratorError, match="devices must be a multiple of 2 and >= 4, got 2"):
+        sd3.accelerate("parallel(mode=cfg+ulysses,devices=2)")
+    assert not ltx.accelerators and not sd3.accelerators
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cfg_and_ulysses_on_four_ranks_give_the_one_process_frames(models):
+    """Wan with guidance (cond and uncond as separate calls): ranks 0-1 run the cond branch, 2-3 the uncond one,
+    each pair splitting the tokens; the frames equal one process's (measured max difference 0 at 3 steps)."""
+    call = dict(CALLS["tiny-wan"], guidance_scale=4.0)
+    spec = "parallel(mode=cfg+ulysses,devices=4)"
+    out = launch(round_trip, 4, str(models["tiny-wan"]), call, spec, timeout_s=200)
+    single = round_trip(0, 1, str(models["tiny-wan"]), call, "promptcache")  # its "plain": one process
+    np.testing.assert_allclose(out["accelerated"], single["plain"], atol=1e-5)
+    np.testing.assert_array_equal(out["after"], out["plain"])
+    assert out["changed"] == []

@@ -93,7 +93,7 @@ def test_registering_refuses_what_cannot_be_told_apart(scratch):
 
 def test_parallel_modes_are_classes_under_one_name():
     classes = registry.VARIANTS["parallel"]
-    assert list(classes) and set(classes) == {"cfg", "async", "cfg+async", "ulysses", "ring"}
+    assert list(classes) and set(classes) == {"cfg", "async", "cfg+async", "ulysses", "ring", "cfg+ulysses"}
     assert registry.get("parallel") is classes["cfg"]
     specs = [
         "parallel(mode=cfg)",

@@ -261,6 +261,8 @@ class DenoiserFacts:
     # The last blocks return the text (and reference) tokens joined before the image tokens (Flux.2's single-stream
     # blocks): blockcache's first-block and TeaCache modes read the image residual from the trailing tokens.
     joined_last_block: bool = False
+    # Why diffusers' context parallelism gives wrong results or fails on this denoiser despite its plan ("": runs).
+    no_sequence_parallel: str = ""
 
 
 # UNets: conv_in, every layer inside the down/mid/up blocks (resnets, attentions, samplers), the output convs.
@@ -359,7 +361,11 @@ DENOISERS: dict[str, DenoiserFacts] = {
         "transformer", ("transformer_blocks",), stage_units=_COGVIDEOX_UNITS
     ),
     "LTXVideoTransformer3DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks",), stage_units=_LTX_UNITS
+        "transformer",
+        ("transformer_blocks",),
+        stage_units=_LTX_UNITS,
+        no_sequence_parallel="diffusers' Ulysses attention gathers LTX's per-head text mask over the sequence but "
+        "not over the heads, so attention fails on a shape mismatch (diffusers 0.42)",
     ),
     "HunyuanVideoTransformer3DModel": DenoiserFacts(
         "transformer", ("transformer_blocks", "single_transformer_blocks"), stage_units=_HUNYUAN_VIDEO_UNITS

@@ -32,7 +32,7 @@ class ParallelConfig(Accelerator):
     spec_name = "parallel"
     kind = "parallel"
     variant_option = "mode"
-    variants = ("cfg", "async", "cfg+async", "ulysses", "ring")
+    variants = ("cfg", "async", "cfg+async", "ulysses", "ring", "cfg+ulysses")
 
     def validate(self) -> None:
         positive(self, "devices")

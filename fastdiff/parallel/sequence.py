@@ -14,7 +14,8 @@ seed; each computes its share of the tokens and gets the whole output. fastdiff 
   ``_native_cudnn``, sage: CUDA kernels); the default ``native`` (SDPA) does not, so ring is refused there.
 
 Transformers with a context-parallel plan in diffusers 0.42 among the zoo's families: Flux (dev, schnell), Flux.2
-(and Klein), Qwen-Image, Wan, LTX-Video; others are refused. Caches that decide from the whole token sequence
+(and Klein), Qwen-Image, Wan; LTX-Video has a plan but its text mask breaks diffusers' Ulysses attention, so it is
+refused (``no_sequence_parallel`` in models.py), as are families without a plan. Caches that decide from the whole token sequence
 (``blockcache``) and token merging (``tome``) are refused beside it (both touch ``denoiser.tokens``).
 
 Example (``torchrun --nproc-per-node 2 script.py``)::
@@ -36,7 +37,7 @@ from typing import Literal
 import torch
 
 from fastdiff.core.hooks import Handle, remove_hook, tracked_registry
-from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.models import DENOISERS, UnsupportedModelError
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.group import ParallelConfig
 
@@ -56,6 +57,11 @@ class SequenceParallelConfig(ParallelConfig):
         """Refuse an attention backend this mode cannot run on."""
 
     def apply(self, fp) -> Handle:
+        return self.enable(fp)
+
+    def enable(self, fp, **options) -> Handle:
+        """diffusers' context parallelism on ``fp``'s denoiser, with ``options`` for ``ContextParallelConfig``
+        beside this mode's own (``mesh=``: the ranks that share the sequence, when they are not the world)."""
         from diffusers import ContextParallelConfig
         from diffusers.hooks.context_parallel import (
             _CONTEXT_PARALLEL_INPUT_HOOK_TEMPLATE,
@@ -71,6 +77,9 @@ class SequenceParallelConfig(ParallelConfig):
                 f"{where}: diffusers has no context-parallel plan (_cp_plan) for {name}; transformers with one: "
                 f"{', '.join(planned_transformers())}"
             )
+        broken = DENOISERS[name].no_sequence_parallel if name in DENOISERS else ""
+        if broken:
+            raise UnsupportedModelError(f"{where} refused on {name}: {broken}")
         if getattr(denoiser, "_parallel_config", None) is not None:
             raise AcceleratorError(
                 f"{where}: {name} already runs in parallel (enable_parallelism was called on it)"
@@ -90,7 +99,8 @@ class SequenceParallelConfig(ParallelConfig):
             tracked_registry(module)
         try:
             with _one_device_per_rank():
-                denoiser.enable_parallelism(config=ContextParallelConfig(**self.context_parallel_options()))
+                config = ContextParallelConfig(**self.context_parallel_options(), **options)
+                denoiser.enable_parallelism(config=config)
         except (ValueError, RuntimeError) as error:
             _undo(denoiser, hooked, saved)
             raise AcceleratorError(f"{where} on {name}: {error}") from error

@@ -1,0 +1,61 @@
+"""``parallel(mode=cfg+ulysses)``: the guidance branches side by side (cfg.py, cfg_separate.py) and each branch's
+token sequence split over its own ranks (sequence.py's Ulysses, through diffusers' context parallelism on a
+sub-mesh): rank = branch x (devices / branches) + sequence rank.
+
+Example (``torchrun --nproc-per-node 4 script.py``)::
+
+    fp = FastPipeline.from_pretrained("/tmp/tiny-wan", accelerators="parallel(mode=cfg+ulysses,devices=4)")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from torch.distributed.device_mesh import init_device_mesh
+
+from fastdiff.core.hooks import HandleGroup, install_hook
+from fastdiff.core.models import pipeline_facts
+from fastdiff.core.registry import AcceleratorError, register
+from fastdiff.parallel.cfg import HOOK_NAME, BranchSplitHook, ParallelCfg, guidance_branches
+from fastdiff.parallel.cfg_separate import SeparateBranchHook
+from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ParallelCfgUlysses(SequenceParallelConfig):
+    """One guidance branch per group of ranks, its tokens split over the group (Ulysses).
+    Example: ``parallel(mode=cfg+ulysses,devices=4)``."""
+
+    mode: Literal["cfg+ulysses"] = "cfg+ulysses"
+    devices: int = 4
+
+    touches = ParallelCfg.touches | ParallelUlysses.touches
+    exclusive = ParallelCfg.exclusive | ParallelUlysses.exclusive
+
+    def context_parallel_options(self) -> dict:
+        return {"ulysses_anything": True}
+
+    def apply(self, fp) -> HandleGroup:
+        where = "parallel(mode=cfg+ulysses)"
+        sequence = pipeline_facts(fp.pipe).cfg_sequence
+        branches = len(sequence) if len(sequence) > 1 else guidance_branches(fp, where)
+        share = self.devices // branches
+        if self.devices % branches or share < 2:
+            raise AcceleratorError(f"{where} splits each of the {branches} guidance branches over at least 2 "
+                                   f"ranks: devices must be a multiple of {branches} and >= {2 * branches}, got "
+                                   f"{self.devices}")  # fmt: skip
+        branch = self.group_rank() // share
+        mesh = init_device_mesh(
+            fp.pipe.device.type, (branches, 1, share), mesh_dim_names=("cfg", "ring", "ulysses")
+        )
+        handles = [self.enable(fp, ulysses_degree=share, mesh=mesh["ring", "ulysses"])]
+        split = SeparateBranchHook if len(sequence) > 1 else BranchSplitHook
+        try:  # outside the sequence split: each branch's ranks see that branch's batch
+            hook = split(fp.context, branches, branch, mesh["cfg"].get_group())
+            handles.append(install_hook(fp.denoiser, hook, HOOK_NAME, fp.context))
+        except BaseException:
+            handles[0].remove()
+            raise
+        return HandleGroup(handles)
