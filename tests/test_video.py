@@ -1,5 +1,5 @@
-"""The video pipelines (Wan, CogVideoX, LTX-Video, HunyuanVideo, and Wan's and LTX-Video's image-to-video
-pipelines): tiny builds that save, reload and generate clips; their guidance layout as the facts predict it; and
+"""The video pipelines (Wan, CogVideoX, LTX-Video, HunyuanVideo, and Wan's, LTX-Video's and CogVideoX's
+image-to-video pipelines): tiny builds that save, reload and generate clips; their guidance layout as the facts predict it; and
 their row of the compatibility matrix (every accelerator works under every habit or is refused at ``apply``
 naming the family and why; the image-to-video rows run the accelerators that touch the call or the sampler,
 as the image families' variants do)."""
@@ -35,6 +35,7 @@ REFUSALS = {
     "tiny-hunyuan-video": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR},
 }  # fmt: skip
 REFUSALS["tiny-wan-i2v"], REFUSALS["tiny-ltx-i2v"] = REFUSALS["tiny-wan"], REFUSALS["tiny-ltx"]
+REFUSALS["tiny-cogvideox-i2v"] = REFUSALS["tiny-cogvideox"]
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
 # module-only accelerators act on the denoiser class alone, the same under image-to-video; make test keeps the
 # caches of the image-to-video rows, make test-full the rest
@@ -83,6 +84,7 @@ def test_guidance_layout_is_known_before_the_call(saved):
         "tiny-ltx": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
         "tiny-wan-i2v": [({}, 4, 1), (dict(guidance_scale=1.0), 2, 1)],
         "tiny-ltx-i2v": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
+        "tiny-cogvideox-i2v": [({}, 2, 2), (dict(guidance_scale=1.0), 2, 1)],
     }
     for name, calls in cases.items():
         fp = FastPipeline(saved[name][0])
@@ -119,7 +121,7 @@ def test_block_cache_modes(name, saved):
         try:
             handle = fp.accelerate(f"blockcache(mode={mode})")
         except AcceleratorError as error:
-            assert mode == "teacache" and name == "tiny-cogvideox", str(error)
+            assert mode == "teacache" and name.startswith("tiny-cogvideox"), str(error)
             assert "Block" in str(error), str(error)
             continue
         out = clip(fp, num_inference_steps=6)

@@ -153,6 +153,9 @@ _VIDEO_PIPELINES["WanImageToVideoPipeline"] = dataclasses.replace(
 _VIDEO_PIPELINES["LTXImageToVideoPipeline"] = dataclasses.replace(
     _VIDEO_PIPELINES["LTXPipeline"], image_inputs=("image",)
 )
+_VIDEO_PIPELINES["CogVideoXImageToVideoPipeline"] = dataclasses.replace(
+    _VIDEO_PIPELINES["CogVideoXPipeline"], image_inputs=("image",)
+)
 PIPELINES.update(_VIDEO_PIPELINES)
 PIPELINES["StableDiffusionPipeline"] = dataclasses.replace(
     PIPELINES["StableDiffusionPipeline"], prompt_embeds=("prompt_embeds", "negative_prompt_embeds")

@@ -32,6 +32,7 @@ from diffusers import (
     AutoencoderKLLTXVideo,
     AutoencoderKLWan,
     CogVideoXDDIMScheduler,
+    CogVideoXImageToVideoPipeline,
     CogVideoXPipeline,
     CogVideoXTransformer3DModel,
     DiffusionPipeline,
@@ -121,8 +122,10 @@ def make_tiny_wan(size: str = "test", seed: int = 0, image_to_video: bool = Fals
     return _pipeline(cls, UniPCMultistepScheduler(**WAN_SCHEDULER), tokenizer, text_encoder, vae, transformer)
 
 
-def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
-    """CogVideoX-2b style: expert-adaLN DiT over T5 (226 tokens), CogVideoX VAE, v-prediction DDIM (SNR-shifted)."""
+def make_tiny_cogvideox(size: str = "test", seed: int = 0, image_to_video: bool = False) -> CogVideoXPipeline:
+    """CogVideoX-2b style: expert-adaLN DiT over T5 (226 tokens), CogVideoX VAE, v-prediction DDIM (SNR-shifted).
+    ``image_to_video``: ``CogVideoXImageToVideoPipeline`` (the transformer also reads the first frame's latents,
+    concatenated on the channels, as CogVideoX-5b-I2V does)."""
     tokenizer, text_encoder = _t5(size, seed, 226)
     vae = seeded(  # 8x spatial compression, 4x temporal
         seed, AutoencoderKLCogVideoX, down_block_types=("CogVideoXDownBlock3D",) * 4,
@@ -132,13 +135,14 @@ def make_tiny_cogvideox(size: str = "test", seed: int = 0) -> CogVideoXPipeline:
     )  # fmt: skip
     latent = SIDE[size] // 8
     transformer = seeded(
-        seed, CogVideoXTransformer3DModel, in_channels=vae.config.latent_channels,
+        seed, CogVideoXTransformer3DModel, in_channels=vae.config.latent_channels * (2 if image_to_video else 1),
         out_channels=vae.config.latent_channels, time_embed_dim=_width(size), text_embed_dim=text_encoder.config.d_model,
         num_layers=_LAYERS[size], sample_width=latent, sample_height=latent, sample_frames=FRAMES, patch_size=2,
         temporal_compression_ratio=4, max_text_seq_length=226, **_HEADS[size],
     )  # fmt: skip
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_SCHEDULER)
-    return _pipeline(CogVideoXPipeline, scheduler, tokenizer, text_encoder, vae, transformer)
+    cls = CogVideoXImageToVideoPipeline if image_to_video else CogVideoXPipeline
+    return _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer)
 
 
 def make_tiny_ltx(size: str = "test", seed: int = 0, image_to_video: bool = False) -> LTXPipeline:
@@ -197,6 +201,7 @@ VIDEO_MAKERS: dict[str, Callable[[str, int], DiffusionPipeline]] = {
     "tiny-hunyuan-video": make_tiny_hunyuan_video,
     "tiny-wan-i2v": partial(make_tiny_wan, image_to_video=True),
     "tiny-ltx-i2v": partial(make_tiny_ltx, image_to_video=True),
+    "tiny-cogvideox-i2v": partial(make_tiny_cogvideox, image_to_video=True),
 }
 
 
