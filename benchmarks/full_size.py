@@ -2,6 +2,8 @@
 
 Sections (each writes its part of the JSON as soon as it ends, so a run cut short still reports):
 
+- ``dtype-probe``: fp32 and bf16 matrix-multiply GFLOP/s (a CPU without AVX512-BF16/AMX runs bf16 hundreds of
+  times slower, which rules the bf16 matrix out there).
 - ``matrix``: on each ``--models`` x ``--dtypes`` pipeline (random weights at the published layouts,
   ``fastdiff.zoo.full_size``), every accelerator of the compatibility matrix (``fastdiff.eval.compat``, plus
   ``quantize(mode=int8-dynamic)``) for ``--steps`` steps at ``--side`` pixels: applied or refused (with the
@@ -219,9 +221,24 @@ def run_timed(section: str, side: int, fp: FastPipeline, args) -> dict:
     }
 
 
+def dtype_probe(threads: int, size: int = 1024) -> dict:
+    """Matrix-multiply GFLOP/s in fp32 and bf16: whether this CPU runs bf16 at a usable speed at all."""
+    out = {"size": size, "threads": threads}
+    for name in ("fp32", "bf16"):
+        a = torch.randn(size, size, dtype=DTYPES[name])
+        a @ a
+        start, n = time.perf_counter(), 0
+        while n < 3 or time.perf_counter() - start < 2.0:
+            a @ a
+            n += 1
+        out[f"{name}_gflops"] = 2 * size**3 * n / (time.perf_counter() - start) / 1e9
+    print(f"matmul GFLOP/s: fp32 {out['fp32_gflops']:.1f}, bf16 {out['bf16_gflops']:.2f}", flush=True)
+    return out
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="matrix," + ",".join(TIMED))
+    p.add_argument("--sections", default="dtype-probe,matrix," + ",".join(TIMED))
     p.add_argument("--models", default="sd15,dit-xl-2,sdxl,sd35-medium", help="for the matrix")
     p.add_argument("--dtypes", default="fp32,bf16", help="matrix dtypes; the timed sections use the first")
     p.add_argument("--accelerators", default=",".join(MATRIX))
@@ -251,6 +268,7 @@ def main(argv=None) -> dict:
     if args.out.exists():  # sections of an earlier run with other arguments stay
         old = json.loads(args.out.read_text())
         result["matrix"], result["timed"] = old.get("matrix", []), old.get("timed", [])
+        result.update({k: old[k] for k in ("dtype_probe",) if k in old})
         result["commands"] = [c for c in old.get("commands", []) if c != command] + [command]
 
     def save(
@@ -259,6 +277,9 @@ def main(argv=None) -> dict:
         result[key] = [e for e in result[key] if any(e.get(f) != entry[f] for f in fields)] + [entry]
         args.out.write_text(json.dumps(result, indent=2))
 
+    if "dtype-probe" in args.sections:
+        result["dtype_probe"] = dtype_probe(args.threads)
+        args.out.write_text(json.dumps(result, indent=2))
     if "matrix" in args.sections:
         for dtype in args.dtypes:
             for model in args.models:

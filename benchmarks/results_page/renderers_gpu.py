@@ -86,7 +86,8 @@ def r_full_size_cpu(d: dict) -> str:
             ],
             m["rows"],
         )
-        parts.append(f"**{m['model']}, {m['dtype']}, {m['side']} px, {m['steps']} steps**\n\n{rows}")
+        frames = f", {m['frames']} frames" if m.get("frames") else ""
+        parts.append(f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps**\n\n{rows}")
     for t in d.get("timed", []):
         rows = table(
             [
@@ -101,6 +102,13 @@ def r_full_size_cpu(d: dict) -> str:
         guidance = "no guidance" if t.get("guidance") == 1.0 else "the pipeline's guidance"
         parts.append(
             f"**{t['section']}: {t['model']}, {t['side']} px, {t['steps']} steps, {guidance}**\n\n{rows}"
+        )
+    probe = d.get("dtype_probe")
+    if probe:
+        parts.append(
+            f"Matrix multiply ({probe['size']} x {probe['size']}, {probe['threads']} threads) on this CPU: "
+            f"fp32 {probe['fp32_gflops']:.1f} GFLOP/s, bf16 {probe['bf16_gflops']:.2f} GFLOP/s (no AVX512-BF16 or AMX): "
+            "a bf16 matrix of the full-size models takes hundreds of times longer here, so bf16 is the GPU run's."
         )
     return "\n\n".join(parts) + (
         "\n\nLatent error: relative L2 distance of the final latents from the same call without the accelerator "

@@ -208,6 +208,13 @@ SECTIONS: dict[str, Section] = {
         "Two processes x 1 thread against one process x 1 thread.",
         r_parallel_cfg,
     ),
+    "parallel_cfg_moving_digits": Section(
+        GROUPS[8],
+        "parallel(mode=cfg) on moving-digits",
+        "`benchmarks/parallel_cfg.py --models moving-digits --video-model DIR`",
+        "Wan calls its transformer once per guidance branch: each rank runs one branch's call from the second step.",
+        r_parallel_cfg,
+    ),
     "parallel_sequence": Section(
         GROUPS[8],
         "parallel(mode=ulysses)",
