@@ -271,3 +271,14 @@ def test_flow_models_get_the_flow_space_and_every_candidate_applies():
     for spec in [space.baseline, *candidates]:
         fp.accelerate(spec).remove()
         assert not fp.accelerators, spec
+
+
+def test_guidance_kind_candidates_follow_the_call_also_for_separate_guidance_calls(tmp_path):
+    """Qwen-Image runs guidance as a second denoiser call (with a negative prompt, true_cfg_scale > 1): the
+    measurer sees guidance there, so cfg-interval candidates stay; at scale 1 there is none to shorten."""
+    from fastdiff.tune.measure import Measurer
+    from fastdiff.zoo import build
+
+    model = build("tiny-qwen-image", tmp_path / "qwen", size="test")
+    assert Measurer(model, cache_dir=tmp_path / "c", steps=2).cfg
+    assert not Measurer(model, cache_dir=tmp_path / "c", guidance=1.0, steps=2).cfg

@@ -133,8 +133,11 @@ class Measurer:
     @property
     def cfg(self) -> bool:
         """Whether the measured calls run classifier-free guidance (guidance-kind accelerators matter)."""
-        scale = self.facts.default_guidance if self.guidance is None else self.guidance
-        return bool(self.facts.cfg_layout) and scale > 1
+        from fastdiff.core.inputs import make_inputs
+        from fastdiff.core.models import cfg_enabled, separate_cfg
+
+        call = make_inputs(self.fp.pipe, 1, self.guidance)  # batched branches, or one call per branch (Wan)
+        return cfg_enabled(self.fp.pipe, call) or separate_cfg(self.fp.pipe, call)
 
     def key(self, spec: str, images: int, baseline: bool = False) -> str:
         # a candidate's PSNR/SSIM are against the baseline's images, so its key names the baseline too
