@@ -209,3 +209,41 @@ def test_separate_guidance_calls_run_one_per_rank_with_the_single_process_output
     assert (
         nfe == 2 + 1 + 1
     )  # step 0 whole (2 calls), step 1 run ahead (1 per rank), failed at step 2's second call
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_generate_writes_video_clips_and_devices_2_splits_wans_guidance_calls(tmp_path):
+    """`fastdiff generate` on a video model writes an animated GIF per clip and a grid of their frames; with
+    --devices 2 Wan's cond and uncond calls run on two processes and the clip is the one-process clip."""
+    from PIL import Image, ImageSequence
+
+    from fastdiff.cli.main import main
+
+    wan = build("tiny-wan", tmp_path / "wan", size="test")
+    common = [
+        str(wan),
+        "--prompt",
+        "a red circle moving left",
+        "--steps",
+        "3",
+        "--frames",
+        "5",
+        "--guidance",
+        "4",
+        "--height",
+        "32",
+        "--width",
+        "32",
+    ]
+    main(["generate", *common, "--out", str(tmp_path / "one")])
+    main(["generate", *common, "--out", str(tmp_path / "two"), "--devices", "2"])
+    clips = []
+    for d in ("one", "two"):
+        with Image.open(tmp_path / d / "clip_000.gif") as gif:
+            clips.append(
+                np.stack([np.asarray(f.convert("RGB"), dtype=np.int16) for f in ImageSequence.Iterator(gif)])
+            )
+        assert (tmp_path / d / "grid.png").exists()
+    assert clips[0].shape == (5, 32, 32, 3)
+    np.testing.assert_array_equal(clips[0], clips[1])

@@ -89,7 +89,8 @@ def cmd_generate(args) -> None:
     import torch
 
     from fastdiff import FastPipeline
-    from fastdiff.eval.grid import save_grid, save_images
+    from fastdiff.core.tensors import pixels
+    from fastdiff.eval.grid import save_clips, save_grid, save_images
 
     model = resolve_model(args.model, args.size)
     call = {}
@@ -99,7 +100,7 @@ def cmd_generate(args) -> None:
         call["class_labels"] = args.label
     if not args.prompt and not args.label:
         call["batch_size"] = args.batch
-    for key in ("num_inference_steps", "guidance_scale", "height", "width"):
+    for key in ("num_inference_steps", "guidance_scale", "height", "width", "num_frames"):
         value = getattr(args, key)
         if value is not None:
             call[key] = value
@@ -113,7 +114,11 @@ def cmd_generate(args) -> None:
         images = generate_parallel(model, specs, call, args.devices, args.seed)["images"]
     else:
         fp = FastPipeline.from_pretrained(model, accelerators=args.accel or None)
-        images = fp(**call, output_type="np", generator=torch.Generator().manual_seed(args.seed)).images
+        images = pixels(fp(**call, output_type="np", generator=torch.Generator().manual_seed(args.seed)))
+    if images.ndim == 5:  # video pipelines: clips of frames
+        paths = save_clips(images, args.out)
+        print(f"wrote {len(paths)} clips ({images.shape[1]} frames each) and grid.png to {args.out}")
+        return
     paths = save_images(images, args.out)
     save_grid(images, Path(args.out) / "grid.png", scale=max(1, 128 // images.shape[1]))
     print(f"wrote {len(paths)} images and grid.png to {args.out}")
@@ -249,8 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", dest="guidance_scale", type=FINITE)
     gen.add_argument("--height", type=POSITIVE)
     gen.add_argument("--width", type=POSITIVE)
+    gen.add_argument("--frames", type=POSITIVE, dest="num_frames", help="clip length (video models)")
     gen.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    gen.add_argument("--out", required=True)
+    gen.add_argument(
+        "--out", required=True, help="directory for the images (video: an animated GIF per clip)"
+    )
     gen.add_argument("--devices", type=POSITIVE, default=1,
                      help="worker processes (gloo on CPU, nccl on GPUs) for the parallel accelerator (default mode=cfg); started and stopped here")  # fmt: skip
     gen.set_defaults(func=cmd_generate)

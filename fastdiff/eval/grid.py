@@ -5,6 +5,7 @@ Example::
     import numpy as np
     from fastdiff.eval.grid import save_grid
     save_grid(np.random.rand(8, 16, 16, 3), "/tmp/grid.png", columns=4)
+    save_clips(np.random.rand(2, 9, 16, 16, 3), "/tmp/clips")   # clip_000.gif, clip_001.gif, grid.png
 """
 
 from __future__ import annotations
@@ -53,4 +54,19 @@ def save_images(images: np.ndarray, out_dir: str | Path, prefix: str = "image") 
     for i, img in enumerate(to_uint8(images)):
         paths.append(out / f"{prefix}_{i:03d}.png")
         Image.fromarray(img).save(paths[-1])
+    return paths
+
+
+def save_clips(clips: np.ndarray, out_dir: str | Path, fps: int = 8) -> list[Path]:
+    """Video clips (N, frames, H, W, C) as one animated GIF each (``clip_000.gif``) and a grid with one row of
+    frames per clip (``grid.png``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, frames in enumerate(clips):
+        first, *rest = [Image.fromarray(f) for f in to_uint8(frames)]
+        paths.append(out / f"clip_{i:03d}.gif")
+        first.save(paths[-1], save_all=True, append_images=rest, duration=1000 // fps, loop=0)
+    n, f, h = clips.shape[:3]
+    save_grid(clips.reshape(n * f, *clips.shape[2:]), out / "grid.png", columns=f, scale=max(1, 128 // h))
     return paths
