@@ -168,6 +168,7 @@ SEPARATE_CALLS = {  # pipelines that call the denoiser once per guidance branch
     "tiny-wan": dict(guidance_scale=4.0, num_frames=9),
     "tiny-flux": dict(true_cfg_scale=3.0, negative_prompt=["blurry"]),
     "tiny-qwen-image": dict(true_cfg_scale=4.0, negative_prompt=["blurry"]),
+    "tiny-hunyuan-video": dict(true_cfg_scale=3.0, negative_prompt=["blurry"], num_frames=5),
 }
 
 
@@ -193,7 +194,7 @@ def _separate_calls(rank, world, runs: dict):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_separate_guidance_calls_run_one_per_rank_with_the_single_process_output(tmp_path):
-    """Wan, Flux's and Qwen-Image's true CFG call the denoiser once per branch: from the second step each rank
+    """Wan, and Flux's, Qwen-Image's and HunyuanVideo's true CFG, call the denoiser once per branch: from the second step each rank
     runs one branch at the step's first call; the output equals one process's bit for bit."""
     runs = {}
     for name, extra in SEPARATE_CALLS.items():
