@@ -125,7 +125,9 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
     return row
 
 
-def run_matrix(model: str, dtype: str, args) -> dict:
+def run_matrix(model: str, dtype: str, args, on_row=None) -> dict:
+    """The matrix on one model; ``on_row(entry)`` gets the entry so far after each row (a run killed midway, e.g.
+    out of memory, still reports its rows, marked ``partial``)."""
     print(f"matrix {model} {dtype} {args.side} px, {args.steps} steps", flush=True)
     pipe = make_full_pipeline(model, seed=0, dtype=DTYPES[dtype])
     pipe.set_progress_bar_config(disable=True)
@@ -137,15 +139,18 @@ def run_matrix(model: str, dtype: str, args) -> dict:
         seconds, plain = latents(fp, inputs)
     rows = [{"accelerator": "none", "status": "ok", "cpu_s": seconds, "finite": bool(np.isfinite(plain).all()),
              "peak_rss_added_gb": rss.added_gb}]  # fmt: skip
+    frames = {"frames": inputs["num_frames"]} if "num_frames" in inputs else {}
+    head = {"model": model, "dtype": dtype, "side": args.side, "steps": args.steps, **frames}
     for name in args.accelerators:
+        if on_row is not None:
+            on_row({**head, "partial": f"stopped before {name}", "rows": rows})
         rows.append(matrix_row(fp, name, inputs, plain))
         r = rows[-1]
         shown = r.get("reason", "")[:100] if r["status"] != "ok" else (
             f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB")  # fmt: skip
         print(f"  {name:14s} {r['status']:8s} {shown}  plain again: {r['removed_bit_identical']}", flush=True)
     fp.unwrap()
-    frames = {"frames": inputs["num_frames"]} if "num_frames" in inputs else {}
-    return {"model": model, "dtype": dtype, "side": args.side, "steps": args.steps, **frames, "rows": rows}
+    return {**head, "rows": rows}
 
 
 def timed_configs(section: str, fp: FastPipeline) -> dict:
@@ -283,8 +288,11 @@ def main(argv=None) -> dict:
     if "matrix" in args.sections:
         for dtype in args.dtypes:
             for model in args.models:
-                entry = run_matrix(model, dtype, args)
-                save("matrix", entry, ("model", "dtype", "side"))
+
+                def partial(entry: dict) -> None:
+                    save("matrix", entry, ("model", "dtype", "side"))
+
+                save("matrix", run_matrix(model, dtype, args, on_row=partial), ("model", "dtype", "side"))
     timed = [s for s in TIMED if s in args.sections]
     if timed:
         pipe = make_full_pipeline("sd15", seed=0, dtype=DTYPES[args.dtypes[0]])

@@ -87,7 +87,10 @@ def r_full_size_cpu(d: dict) -> str:
             m["rows"],
         )
         frames = f", {m['frames']} frames" if m.get("frames") else ""
-        parts.append(f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps**\n\n{rows}")
+        cut = f" (run cut short: {m['partial']})" if m.get("partial") else ""
+        parts.append(
+            f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps{cut}**\n\n{rows}"
+        )
     for t in d.get("timed", []):
         rows = table(
             [
@@ -150,8 +153,9 @@ def real_sizes_block(results: dict) -> str:
     cpu = results.get("full_size_cpu", {})
     for m in cpu.get("matrix", []):
         by_status = {s: [r for r in m["rows"][1:] if r["status"] == s] for s in ("ok", "refused", "error")}
-        exact = all(r.get("removed_bit_identical") for r in m["rows"][1:])
-        rows.append((f"every accelerator, {m['steps']} steps at {m['side']} px", f"{m['model']} {m['dtype']}, CPU",
+        exact = all(r["removed_bit_identical"] for r in m["rows"][1:] if "removed_bit_identical" in r)
+        cut = f" (cut short: {m['partial']})" if m.get("partial") else ""
+        rows.append((f"every accelerator, {m['steps']} steps at {m['side']} px{cut}", f"{m['model']} {m['dtype']}, CPU",
                      f"{len(by_status['ok'])} run, {len(by_status['refused'])} refused with a reason, "
                      f"{len(by_status['error'])} failed", "plain output again after each" if exact else "NOT exact"))  # fmt: skip
     for t in cpu.get("timed", []):
