@@ -155,7 +155,7 @@ def real_sizes_block(results: dict) -> str:
         by_status = {s: [r for r in m["rows"][1:] if r["status"] == s] for s in ("ok", "refused", "error")}
         exact = all(r["removed_bit_identical"] for r in m["rows"][1:] if "removed_bit_identical" in r)
         cut = f" (cut short: {m['partial']})" if m.get("partial") else ""
-        rows.append((f"every accelerator, {m['steps']} steps at {m['side']} px{cut}", f"{m['model']} {m['dtype']}, CPU",
+        rows.append((f"{len(m['rows']) - 1} accelerators, {m['steps']} steps at {m['side']} px{cut}", f"{m['model']} {m['dtype']}, CPU",
                      f"{len(by_status['ok'])} run, {len(by_status['refused'])} refused with a reason, "
                      f"{len(by_status['error'])} failed", "plain output again after each" if exact else "NOT exact"))  # fmt: skip
     for t in cpu.get("timed", []):
