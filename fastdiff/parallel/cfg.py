@@ -93,10 +93,17 @@ def guidance_branches(fp, where: str) -> int:
 
 
 def install_branch_split(fp, branches: int, branch: int, group=None) -> Handle:
-    """Hook the denoiser so that this rank runs guidance branch ``branch`` of ``branches`` (ranks in ``group``)."""
-    return install_hook(
-        fp.denoiser, BranchSplitHook(fp.context, branches, branch, group), HOOK_NAME, fp.context
-    )
+    """Hook the denoiser so that this rank runs guidance branch ``branch`` of ``branches`` (ranks in ``group``):
+    its chunk of a batched guidance call, or its own call where the pipeline calls once per branch."""
+    separate = len(pipeline_facts(fp.pipe).cfg_sequence) > 1
+    hook = (SeparateBranchHook if separate else BranchSplitHook)(fp.context, branches, branch, group)
+    return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)
+
+
+def branch_count(fp, where: str) -> int:
+    """Guidance branches: the separate calls of a step (cfg_separate.py), else the batched branches."""
+    sequence = pipeline_facts(fp.pipe).cfg_sequence
+    return len(sequence) if len(sequence) > 1 else guidance_branches(fp, where)
 
 
 @register
@@ -111,14 +118,8 @@ class ParallelCfg(ParallelConfig):
     exclusive = frozenset({"denoiser.batch"})  # cfg-interval and baked-guidance students reshape the batch
 
     def apply(self, fp) -> Handle:
-        sequence = pipeline_facts(
-            fp.pipe
-        ).cfg_sequence  # guidance as separate denoiser calls (cfg_separate.py)
-        branches = len(sequence) if len(sequence) > 1 else guidance_branches(fp, "parallel(mode=cfg)")
+        branches = branch_count(fp, "parallel(mode=cfg)")
         if self.devices != branches:
             raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
                                    f"{branches}, got {self.devices}")  # fmt: skip
-        if len(sequence) > 1:
-            hook = SeparateBranchHook(fp.context, branches, self.group_rank())
-            return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)
         return install_branch_split(fp, branches, self.group_rank())

@@ -14,11 +14,9 @@ from typing import Literal
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from fastdiff.core.hooks import HandleGroup, install_hook
-from fastdiff.core.models import pipeline_facts
+from fastdiff.core.hooks import HandleGroup
 from fastdiff.core.registry import AcceleratorError, register
-from fastdiff.parallel.cfg import HOOK_NAME, BranchSplitHook, ParallelCfg, guidance_branches
-from fastdiff.parallel.cfg_separate import SeparateBranchHook
+from fastdiff.parallel.cfg import ParallelCfg, branch_count, install_branch_split
 from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
 
 
@@ -39,8 +37,7 @@ class ParallelCfgUlysses(SequenceParallelConfig):
 
     def apply(self, fp) -> HandleGroup:
         where = "parallel(mode=cfg+ulysses)"
-        sequence = pipeline_facts(fp.pipe).cfg_sequence
-        branches = len(sequence) if len(sequence) > 1 else guidance_branches(fp, where)
+        branches = branch_count(fp, where)
         share = self.devices // branches
         if self.devices % branches or share < 2:
             raise AcceleratorError(f"{where} splits each of the {branches} guidance branches over at least 2 "
@@ -51,10 +48,8 @@ class ParallelCfgUlysses(SequenceParallelConfig):
             fp.pipe.device.type, (branches, 1, share), mesh_dim_names=("cfg", "ring", "ulysses")
         )
         handles = [self.enable(fp, ulysses_degree=share, mesh=mesh["ring", "ulysses"])]
-        split = SeparateBranchHook if len(sequence) > 1 else BranchSplitHook
         try:  # outside the sequence split: each branch's ranks see that branch's batch
-            hook = split(fp.context, branches, branch, mesh["cfg"].get_group())
-            handles.append(install_hook(fp.denoiser, hook, HOOK_NAME, fp.context))
+            handles.append(install_branch_split(fp, branches, branch, mesh["cfg"].get_group()))
         except BaseException:
             handles[0].remove()
             raise
