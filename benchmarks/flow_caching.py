@@ -6,7 +6,9 @@ timed call per config in a rotating order. Per config: process CPU seconds (one 
 less disturbed by other processes than wall time), the speedup over the first config, the fraction of steps
 whose last transformer block computed its attention (``computed``: the noise-free companion of the timing), and the quality of
 the timed call's images or clips (the model's registered scorer: accuracy and FD; moving-digits adds direction
-accuracy and temporal consistency) and PSNR against the first config.
+accuracy and temporal consistency) and PSNR against the first config. ``--fd-bootstrap K`` adds each FD's
+spread and 95% intervals of FD differences (each row against the first, and ``--compare A:B`` pairs) from K paired
+resamples of the images (fastdiff.eval.fd_spread): whether an FD gap is larger than the draw of prompts and seeds.
 
 diffusers' hooks are applied with its ``apply_first_block_cache`` / ``apply_taylorseer_cache`` /
 ``apply_mag_cache`` (SD3Transformer2DModel is no ``CacheMixin``, so ``enable_cache`` is missing) and removed by
@@ -53,10 +55,12 @@ from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
 from fastdiff import FastPipeline
 from fastdiff.core.hooks import install_hook
-from fastdiff.core.inputs import model_prompts
+from fastdiff.core.inputs import model_prompts, pipeline_directory
 from fastdiff.core.tensors import pixels
 from fastdiff.eval import quality_for
+from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.quality import load_reference_eval
 
 RESULTS = Path(__file__).parent / "results"
 STEPS = 28  # set by main: --steps
@@ -158,6 +162,32 @@ def run(fp, config, prompts, seed: int = 0):
     return images, seconds, counter.calls
 
 
+def fd_differences(fp, rows: dict, resamples: int, compare: list[str]) -> dict:
+    """Each row's FD spread (stored in the row) and FD-difference intervals, from paired resamples of the images."""
+    names = list(rows)
+    pairs = [(name, names[0]) for name in names[1:]] + [tuple(c.split(":", 1)) for c in compare]
+    for pair in pairs:
+        if len(pair) != 2 or not set(pair) <= set(names):
+            raise SystemExit(f"--compare {':'.join(pair)}: both names must be configs ({', '.join(names)})")
+    if rows[names[0]]["images"].ndim != 4:
+        raise SystemExit("--fd-bootstrap resamples images (N, H, W, C); clips are not supported")
+    ref = load_reference_eval(pipeline_directory(fp.pipe))
+    spread = paired_fd_bootstrap({n: r["images"] for n, r in rows.items()}, ref, resamples=resamples)
+    for name, row in rows.items():
+        row["fd_bootstrap_std"] = round(spread["std"][name], 3)
+    samples = spread["samples"]
+    differences = [
+        {
+            "a": a,
+            "b": b,
+            "fd_difference": round(spread["fd"][a] - spread["fd"][b], 3),
+            "ci95": [round(x, 3) for x in difference_interval(samples[a], samples[b])],
+        }
+        for a, b in pairs
+    ]
+    return {"resamples": resamples, "differences": differences}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a digits-flow or moving-digits pipeline directory")
@@ -168,6 +198,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS / "flow_caching.json"))
     parser.add_argument("--guidance", type=float, default=None, help="default: the model's bench guidance")
+    parser.add_argument(
+        "--fd-bootstrap", type=int, default=0, metavar="K", help="paired FD resamples (images only)"
+    )
+    parser.add_argument("--compare", action="append", default=[], metavar="A:B", help="FD difference A - B")
     args = parser.parse_args()
     torch.set_num_threads(1)
     global STEPS
@@ -214,10 +248,13 @@ def main() -> None:
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
         row["speedup"] = round(first["cpu_median"] / row["cpu_median"], 3)
         row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
+    spread = fd_differences(fp, rows, args.fd_bootstrap, args.compare) if args.fd_bootstrap else None
     for row in rows.values():
         row.pop("images")
     result = {"model": args.model, "pipeline": type(fp.pipe).__name__, "steps": STEPS, "call": CALL, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs,
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
+    if spread:
+        result["fd_bootstrap"] = spread
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(
         f"{'config':28s} {'cpu s':>8s} {'speedup':>8s} {'computed':>9s} {'acc':>6s} {'fd':>7s} {'psnr':>6s}"
@@ -225,6 +262,10 @@ def main() -> None:
     for row in rows.values():
         print(f"{row['name']:28s} {row['cpu_median']:8.2f} {row['speedup']:8.3f} {row['computed']:9.3f} "
               f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row['psnr'] if row['psnr'] is not None else '-':>6}")  # fmt: skip
+    for d in (spread or {}).get("differences", []):
+        print(
+            f"FD {d['a']} - {d['b']}: {d['fd_difference']:+.2f}, 95% interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
+        )
     print(f"wrote {args.out}")
 
 

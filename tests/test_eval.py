@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ from diffusers import DDPMScheduler
 from fastdiff import load_pipeline
 from fastdiff.eval import QUALITY
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
+from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.quality import (
+    ReferenceEval,
     accuracy,
     digits_quality,
     fd,
@@ -171,3 +174,23 @@ def test_fidelity_rejects_mismatched_shapes():
         psnr(np.zeros((2, 16, 16, 1)), np.zeros((3, 16, 16, 1)))
     with pytest.raises(ValueError, match="must be"):
         ssim(np.zeros((16,)), np.zeros((16,)))
+
+
+def test_paired_fd_bootstrap_spread_and_difference_interval(split, classifier):
+    ref = ReferenceEval(
+        Path("."), classifier, split["x_train"], split["y_train"], split["x_test"], split["y_test"]
+    )
+    real = split["x_train"][:300]
+    noisy = np.clip(real + 0.3 * np.random.default_rng(0).standard_normal(real.shape), 0, 1)
+    spread = paired_fd_bootstrap({"real": real, "same": real.copy(), "noisy": noisy}, ref, resamples=50)
+    assert spread["fd"]["real"] == pytest.approx(fd(real, split["x_test"], classifier), rel=1e-4)
+    assert spread["std"]["real"] > 0 and spread["samples"]["noisy"].shape == (50,)
+    assert difference_interval(spread["samples"]["same"], spread["samples"]["real"]) == (0.0, 0.0)
+    low, high = difference_interval(spread["samples"]["noisy"], spread["samples"]["real"])
+    assert 0 < low < high  # corrupted images are worse on every resample's interval
+    with pytest.raises(ValueError, match="same number"):
+        paired_fd_bootstrap({"a": real, "b": real[:10]}, ref)
+    with pytest.raises(ValueError, match="resamples"):
+        paired_fd_bootstrap({"a": real}, ref, resamples=1)
+    with pytest.raises(ValueError, match="level"):
+        difference_interval(spread["samples"]["real"], spread["samples"]["noisy"], level=1.5)

@@ -17,19 +17,38 @@ CACHING_COLUMNS = [
 ]
 
 
+def _fd_differences(spread: dict | None) -> str:
+    """The paired-bootstrap intervals of FD differences (benchmarks/flow_caching.py --fd-bootstrap)."""
+    if not spread:
+        return ""
+    lines = [
+        f"- FD {x['a']} - {x['b']}: {x['fd_difference']:+.2f}, 95% interval [{x['ci95'][0]:+.2f}, {x['ci95'][1]:+.2f}]"
+        for x in spread["differences"]
+    ]
+    return f"\n\nFD differences from {spread['resamples']} paired resamples of the images:\n\n" + "\n".join(
+        lines
+    )
+
+
 def r_flow_caching(d: dict) -> str:
-    return table(
-        CACHING_COLUMNS
-        + [
-            ("accuracy", lambda r: pct(r.get("accuracy"))),
-            ("FD", lambda r: num(r.get("fd"))),
-            ("PSNR vs base", lambda r: db(r.get("psnr"))),
-        ],
-        d["rows"],
-    ) + (
-        f"\n\n{d.get('images')} images, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
-        " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches (first-block, TaylorSeer, MagCache)."
-        + (f" Configs split over {d['split']}." if d.get("split") else "")
+    spread = [("FD spread (std)", lambda r: num(r.get("fd_bootstrap_std")))] if d.get("fd_bootstrap") else []
+    return (
+        table(
+            CACHING_COLUMNS
+            + [
+                ("accuracy", lambda r: pct(r.get("accuracy"))),
+                ("FD", lambda r: num(r.get("fd"))),
+            ]
+            + spread
+            + [("PSNR vs base", lambda r: db(r.get("psnr")))],
+            d["rows"],
+        )
+        + (
+            f"\n\n{d.get('images')} images, {d.get('steps')} steps, guidance {d.get('guidance')}, {d.get('threads')} thread(s);"
+            " `fd-*` rows are fastdiff, `hf-*` rows diffusers' own caches (first-block, TaylorSeer, MagCache)."
+            + (f" Configs split over {d['split']}." if d.get("split") else "")
+        )
+        + _fd_differences(d.get("fd_bootstrap"))
     )
 
 
@@ -166,6 +185,13 @@ SECTIONS: dict[str, Section] = {
         "Caching on digits-flow vs diffusers' caches",
         "`benchmarks/flow_caching.py`",
         "forecast and blockcache on a trained SD3-shaped model against diffusers' TaylorSeer and MagCache.",
+        r_flow_caching,
+    ),
+    "flow_caching_fd_spread": Section(
+        GROUPS[6],
+        "Is forecast's FD gap to TaylorSeer noise? (digits-flow, paired bootstrap)",
+        "`benchmarks/flow_caching.py --fd-bootstrap`",
+        "forecast and diffusers' TaylorSeer in one process, with each FD's spread and intervals of FD differences.",
         r_flow_caching,
     ),
     "flow_families": Section(
