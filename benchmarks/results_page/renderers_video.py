@@ -96,6 +96,14 @@ SECTIONS: dict[str, Section] = {
         " MagCache on the trained video reference.",
         r_video_caching,
     ),
+    "video_teacache_magcache": Section(
+        GROUPS[7],
+        "TeaCache against MagCache on moving-digits, alone in one process",
+        "`benchmarks/flow_caching.py --steps 50`",
+        "fastdiff's fitted TeaCache at thresholds around MagCache's computed share, and at threshold 0 (its"
+        " decision's own cost), in one process with nothing else running.",
+        r_video_caching,
+    ),
     "video_families": Section(
         GROUPS[7],
         "Accelerators on the tiny video families",
