@@ -7,8 +7,9 @@ Sections (each writes its part of the JSON as soon as it ends, so a run cut shor
 - ``matrix``: on each ``--models`` x ``--dtypes`` pipeline (random weights at the published layouts,
   ``fastdiff.zoo.full_size``), every accelerator of the compatibility matrix (``fastdiff.eval.compat``, plus
   ``quantize(mode=int8-dynamic)``) for ``--steps`` steps at ``--side`` pixels: applied or refused (with the
-  reason), finite output, the peak RSS the call adds, the latents' relative error against the plain call, and
-  ``remove()`` giving the plain latents back bit for bit.
+  reason), finite output, the RSS its ``apply`` holds and the peak RSS the call adds, the latents' relative error
+  against the plain call, ``remove()`` giving the plain latents back bit for bit, and the RSS after it (also after
+  glibc's ``malloc_trim``: memory the allocator kept but nothing holds).
 - ``tome``, ``deepcache``, ``quantize``, ``compile``: SD 1.5 configs side by side on one pipeline, each turned
   on and off around its call, rounds in rotating order; process CPU time per call (median), the ratio against
   no accelerator, and the latents' error against it. tome runs at 512 and 1024 px against tomesd 0.1.3;
@@ -25,6 +26,7 @@ Random weights: the figures say what runs, what it costs and how far it moves th
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import inspect
 import json
@@ -76,6 +78,21 @@ class PeakRSS:
         self.added_gb = (self.peak - self.start) / 2**30
 
 
+def trimmed_rss_gb() -> float | None:
+    """Resident GB after glibc's malloc_trim returns freed heap pages (None without glibc): what is really held."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return psutil.Process().memory_info().rss / 2**30
+
+
+def resident_gb() -> float:
+    """Resident GB, after malloc_trim where glibc offers it."""
+    trimmed = trimmed_rss_gb()
+    return psutil.Process().memory_info().rss / 2**30 if trimmed is None else trimmed
+
+
 def latents(fp: FastPipeline, inputs: dict) -> tuple[float, np.ndarray]:
     """(process CPU seconds, latents) of one seeded call."""
     start = time.process_time()
@@ -100,6 +117,7 @@ def spec_of(name: str, pipe) -> str:
 def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> dict:
     spec = spec_of(name, fp.pipe)
     row = {"accelerator": name, "spec": spec}
+    held_before = resident_gb()
     try:
         handle = fp.accelerate(spec)
     except (AcceleratorError, ImportError, NotImplementedError) as exc:
@@ -108,6 +126,7 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
             np.array_equal(latents(fp, inputs)[1], plain)
         )  # refusing lost nothing
         return row
+    row["apply_rss_added_gb"] = resident_gb() - held_before  # what apply holds (its transients trimmed away)
     try:
         with PeakRSS() as rss:
             seconds, out = latents(fp, inputs)
@@ -122,6 +141,7 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
     row["rss_after_gb"] = (
         psutil.Process().memory_info().rss / 2**30
     )  # grows if a removed accelerator left memory
+    row["rss_after_trim_gb"] = trimmed_rss_gb()  # falls back if that memory was only kept by the allocator
     return row
 
 
@@ -147,7 +167,7 @@ def run_matrix(model: str, dtype: str, args, on_row=None) -> dict:
         rows.append(matrix_row(fp, name, inputs, plain))
         r = rows[-1]
         shown = r.get("reason", "")[:100] if r["status"] != "ok" else (
-            f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB")  # fmt: skip
+            f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB, trimmed {r['rss_after_trim_gb']}")  # fmt: skip
         print(f"  {name:14s} {r['status']:8s} {shown}  plain again: {r['removed_bit_identical']}", flush=True)
     fp.unwrap()
     return {**head, "rows": rows}

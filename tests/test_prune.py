@@ -138,6 +138,7 @@ def test_sparsity_masks_and_restores(pattern):
     if pattern == "2:4":
         zeros = (linear.weight.reshape(linear.weight.shape[0], -1, 4) == 0).sum(-1)
         assert (zeros >= 2).all()
+    assert linear.weight_mask.dtype == torch.bool  # one byte per weight besides torch's two float copies
     assert not np.array_equal(images(fp), before)
     handle.remove()
     np.testing.assert_array_equal(images(fp), before)
@@ -155,3 +156,23 @@ def test_make_permanent_keeps_the_zeros():
     assert make_permanent(fp.denoiser) > 0
     assert not any(n.endswith("weight_mask") for n, _ in fp.denoiser.named_buffers())
     np.testing.assert_array_equal(images(fp), masked)
+
+
+def test_sparsity_holds_one_masked_copy_and_still_trains_through_the_masks():
+    fp = make_fp("tiny-ddpm")
+    handle = fp.accelerate("sparsity(pattern=2:4)")
+    den = fp.denoiser
+    layers = [m for m in den.modules() if hasattr(m, "weight_mask")]
+    # no float mask and no autograd node kept beside the masked weight (they had tripled the memory)
+    assert all(m.weight_mask.dtype == torch.bool and m.weight.grad_fn is None for m in layers)
+    sample = torch.randn(2, den.config.in_channels, den.config.sample_size, den.config.sample_size)
+    with torch.enable_grad():  # training (fastdiff compress) rebuilds the masked weight with autograd
+        den.requires_grad_(True)
+        den(sample, torch.tensor([10, 500])).sample.square().mean().backward()
+    grads = [m.weight_orig.grad for m in layers]
+    assert all(g is not None for g in grads)
+    # pruned weights get no gradient
+    assert all((g[~m.weight_mask] == 0).all() for g, m in zip(grads, layers))
+    assert any(g.abs().sum() > 0 for g in grads)
+    den.zero_grad(set_to_none=True)
+    handle.remove()

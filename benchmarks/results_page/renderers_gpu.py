@@ -60,9 +60,25 @@ def _err(v) -> str | None:
     return None if v is None else ("0 (identical)" if v == 0 else f"{v:.1e}")
 
 
+def _gb(key: str):
+    return lambda r: None if r.get(key) is None else f"{r[key]:.2f}"
+
+
+def _memory_columns(rows: list[dict]) -> list:
+    """What apply holds and what stays after remove() (with and without the allocator's free pages), if recorded."""
+    if not any("apply_rss_added_gb" in r for r in rows):
+        return []
+    return [
+        ("held by apply, GB", _gb("apply_rss_added_gb")),
+        ("RSS after remove(), GB", _gb("rss_after_gb")),
+        ("same after malloc_trim, GB", _gb("rss_after_trim_gb")),
+    ]
+
+
 def r_full_size_cpu(d: dict) -> str:
     parts = []
-    for m in d.get("matrix", []):
+    checks = [dict(m, check=True) for m in d.get("memory_checks", [])]
+    for m in d.get("matrix", []) + checks:
         rows = table(
             [
                 ("accelerator", lambda r: code(r.get("spec")) or r["accelerator"]),
@@ -83,13 +99,15 @@ def r_full_size_cpu(d: dict) -> str:
                     "after remove()",
                     lambda r: {True: "bit-identical", False: "DIFFERS"}.get(r.get("removed_bit_identical")),
                 ),
-            ],
+            ]
+            + _memory_columns(m["rows"]),
             m["rows"],
         )
         frames = f", {m['frames']} frames" if m.get("frames") else ""
         cut = f" (run cut short: {m['partial']})" if m.get("partial") else ""
+        check = " (memory check: these accelerators only)" if m.get("check") else ""
         parts.append(
-            f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps{cut}**\n\n{rows}"
+            f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps{cut}{check}**\n\n{rows}"
         )
     for t in d.get("timed", []):
         rows = table(

@@ -339,10 +339,16 @@ class Sparsity(Accelerator):
             layers = [m for m in layers if m.weight[0].numel() % 4 == 0]
         orders = {m: list(m._parameters) for m in layers}  # restored as it was (state_dict order included)
         for m in layers:
-            if self.pattern == "unstructured":
-                torch_prune.l1_unstructured(m, "weight", amount=self.amount)
-            else:
-                torch_prune.custom_from_mask(m, "weight", two_four_mask(m.weight.detach()))
+            with torch.no_grad():  # else the masked weight's autograd node keeps a float copy of the mask
+                if self.pattern == "unstructured":
+                    torch_prune.l1_unstructured(m, "weight", amount=self.amount)
+                else:
+                    torch_prune.custom_from_mask(m, "weight", two_four_mask(m.weight.detach()))
+            # torch keeps float masks (the buffer, and custom_from_mask's own): one byte per weight suffices
+            m.weight_mask = m.weight_mask.bool()
+            for hook in m._forward_pre_hooks.values():
+                if isinstance(hook, torch_prune.CustomFromMask):
+                    hook.mask = m.weight_mask
         zeros = sum(int((m.weight == 0).sum()) for m in layers)
         total = sum(m.weight.numel() for m in layers)
 
