@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
 import torch
 from torch import nn
 
@@ -184,7 +185,7 @@ class LowRank(Accelerator):
                 raise AcceleratorError(f"lowrank: ranks_file names layers this model lacks: {missing[:3]}")
             return {n: (modules[n], int(r), None) for n, r in wanted.items()}
         kinds = TARGETS[self.targets]
-        plan = {}
+        plan, kept, budget = {}, 0, free_bytes()
         for name, m in modules.items():
             kind = layer_kind(m)
             if kind not in kinds or min(m.weight.shape[0], m.weight[0].numel()) < 2:
@@ -196,7 +197,20 @@ class LowRank(Accelerator):
             if split < full:  # otherwise the split costs at least as much: leave the layer alone
                 u, s, vh = svd  # keep rank r only: every layer's full SVD at once can exceed memory
                 plan[name] = (m, r, (u[:, :r].clone(), s[:r].clone(), vh[:r].clone()))
+                kept += 2 * sum(t.nbytes for t in plan[name][2])  # the factors, then the new layers' weights
+                if m.weight.device.type == "cpu" and kept > budget:
+                    raise AcceleratorError(
+                        f"lowrank: the factors of the first {len(plan)} layers ({self.targets}, energy "
+                        f"{self.energy:g}) already need {kept / 2**30:.1f} GiB beside the original weights (kept "
+                        f"for remove()), and {budget / 2**30:.1f} GiB is free; pass a lower energy, a rank, "
+                        "narrower targets, or factorize on a machine with more memory"
+                    )
         return plan
+
+
+def free_bytes() -> int:
+    """Memory the planned factors may take: what the system has available, less 1 GiB for the SVDs themselves."""
+    return psutil.virtual_memory().available - 2**30
 
 
 def factored_ranks(den) -> dict[str, int]:
