@@ -106,6 +106,7 @@ def r_full_size_cpu(d: dict) -> str:
         frames = f", {m['frames']} frames" if m.get("frames") else ""
         cut = f" (run cut short: {m['partial']})" if m.get("partial") else ""
         check = " (memory check: these accelerators only)" if m.get("check") else ""
+        check += f" ({m['composed']})" if m.get("composed") else ""
         parts.append(
             f"**{m['model']}, {m['dtype']}, {m['side']} px{frames}, {m['steps']} steps{cut}{check}**\n\n{rows}"
         )
