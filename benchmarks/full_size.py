@@ -89,8 +89,7 @@ def trimmed_rss_gb() -> float | None:
 
 def resident_gb() -> float:
     """Resident GB, after malloc_trim where glibc offers it."""
-    trimmed = trimmed_rss_gb()
-    return psutil.Process().memory_info().rss / 2**30 if trimmed is None else trimmed
+    return trimmed_rss_gb() or psutil.Process().memory_info().rss / 2**30
 
 
 def latents(fp: FastPipeline, inputs: dict) -> tuple[float, np.ndarray]:

@@ -91,10 +91,7 @@ def r_full_size_cpu(d: dict) -> str:
                 ("CPU s", lambda r: sec(r.get("cpu_s"))),
                 ("latent error vs none", lambda r: _err(r.get("rel_err"))),
                 ("finite", lambda r: {True: "yes", False: "NO"}.get(r.get("finite"))),
-                (
-                    "peak RSS added, GB",
-                    lambda r: f"{r['peak_rss_added_gb']:.2f}" if "peak_rss_added_gb" in r else None,
-                ),
+                ("peak RSS added, GB", _gb("peak_rss_added_gb")),
                 (
                     "after remove()",
                     lambda r: {True: "bit-identical", False: "DIFFERS"}.get(r.get("removed_bit_identical")),
