@@ -155,10 +155,10 @@ class LowRank(Accelerator):
         before = count_params_macs(den, inputs)
         plan = self._plan(den)
         swapped, ranks = [], {}
-        for name, (m, r, svd) in plan.items():
+        for name, (m, r, split) in plan.items():
             parent_name, _, child = name.rpartition(".")
             parent = den.get_submodule(parent_name)
-            setattr(parent, child, factorize(m, r, svd))
+            setattr(parent, child, split)
             swapped.append((parent, child, m))
             ranks[name] = r
 
@@ -169,7 +169,10 @@ class LowRank(Accelerator):
         return sized_handle(restore, den, inputs, before, ranks=ranks, layers=len(ranks))
 
     def _plan(self, den) -> dict:
-        """{layer name: (module, rank, svd or None)} of the layers to split."""
+        """{layer name: (module, rank, its LowRankSplit)} of the layers to split; the model is not changed yet.
+
+        The rank comes from the singular values alone (``svdvals``, several times cheaper than the full SVD);
+        the full SVD runs only for the layers whose split pays."""
         modules = dict(den.named_modules())
         if self.ranks_file:
             path = Path(self.ranks_file)
@@ -183,7 +186,7 @@ class LowRank(Accelerator):
             missing = [n for n in wanted if layer_kind(modules.get(n)) is None]
             if missing:
                 raise AcceleratorError(f"lowrank: ranks_file names layers this model lacks: {missing[:3]}")
-            return {n: (modules[n], int(r), None) for n, r in wanted.items()}
+            return {n: (modules[n], int(r), factorize(modules[n], int(r))) for n, r in wanted.items()}
         kinds = TARGETS[self.targets]
         plan, kept, budget = {}, 0, free_bytes()
         for name, m in modules.items():
@@ -191,25 +194,27 @@ class LowRank(Accelerator):
             if kind not in kinds or min(m.weight.shape[0], m.weight[0].numel()) < 2:
                 continue
             w = m.weight.detach().float().reshape(m.weight.shape[0], -1)
-            svd = torch.linalg.svd(w, full_matrices=False)
-            r = choose_rank(svd[1], self.energy, self.rank)
+            if self.rank is not None:
+                r = min(self.rank, min(w.shape))
+            else:
+                r = choose_rank(torch.linalg.svdvals(w), self.energy, None)
             full, split = split_macs(m, r)
-            if split < full:  # otherwise the split costs at least as much: leave the layer alone
-                u, s, vh = svd  # keep rank r only: every layer's full SVD at once can exceed memory
-                plan[name] = (m, r, (u[:, :r].clone(), s[:r].clone(), vh[:r].clone()))
-                kept += 2 * sum(t.nbytes for t in plan[name][2])  # the factors, then the new layers' weights
-                if m.weight.device.type == "cpu" and kept > budget:
-                    raise AcceleratorError(
-                        f"lowrank: the factors of the first {len(plan)} layers ({self.targets}, energy "
-                        f"{self.energy:g}) already need {kept / 2**30:.1f} GiB beside the original weights (kept "
-                        f"for remove()), and {budget / 2**30:.1f} GiB is free; pass a lower energy, a rank, "
-                        "narrower targets, or factorize on a machine with more memory"
-                    )
+            if split >= full:  # the split would cost at least as much: leave the layer alone
+                continue
+            plan[name] = (m, r, factorize(m, r, torch.linalg.svd(w, full_matrices=False)))
+            kept += sum(t.nbytes for t in plan[name][2].parameters())
+            if m.weight.device.type == "cpu" and kept > budget:
+                raise AcceleratorError(
+                    f"lowrank: the new layers of the first {len(plan)} split ({self.targets}, energy "
+                    f"{self.energy:g}) already need {kept / 2**30:.1f} GiB beside the original weights (kept "
+                    f"for remove()), and {budget / 2**30:.1f} GiB is free; pass a lower energy, a rank, "
+                    "narrower targets, or factorize on a machine with more memory"
+                )
         return plan
 
 
 def free_bytes() -> int:
-    """Memory the planned factors may take: what the system has available, less 1 GiB for the SVDs themselves."""
+    """Memory the planned layers may take: what the system has available, less 1 GiB for the SVDs themselves."""
     return psutil.virtual_memory().available - 2**30
 
 
