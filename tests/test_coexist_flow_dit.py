@@ -69,8 +69,9 @@ def test_every_preset_samples_or_is_refused_at_apply(variant):
 
 @pytest.mark.parametrize("variant", FAMILIES)
 def test_caches_act_on_every_family(variant):
-    """forecast skips denoiser calls and blockcache(mode=interval) reuses layer outputs on every family (Z-Image's
-    per-image output lists included), so neither can run silently as a no-op."""
+    """forecast skips denoiser calls (or, at=attention, predicts the attention layers' outputs) and
+    blockcache(mode=interval) reuses layer outputs on every family (Z-Image's per-image output lists included), so
+    none can run silently as a no-op."""
     pipe = pipe_of(variant)
     fp = FastPipeline(pipe)
     handle = fp.accelerate("forecast(order=1,interval=2,warmup=2)")
@@ -80,5 +81,11 @@ def test_caches_act_on_every_family(variant):
     handle = fp.accelerate("blockcache(mode=interval,interval=2)")
     assert np.isfinite(_call(fp, pipe, steps=6)).all()
     assert handle.handles[0].state.skipped > 0
+    handle.remove()
+    base = _call(fp, pipe, steps=6)
+    handle = fp.accelerate("forecast(order=1,interval=2,warmup=2,at=attention)")
+    forecast = _call(fp, pipe, steps=6)
+    assert np.isfinite(forecast).all() and not np.array_equal(forecast, base)  # attention layers predicted
+    assert fp.context.nfe == fp.context.denoiser_calls
     handle.remove()
     fp.unwrap()

@@ -88,6 +88,22 @@ def test_hook_runs_the_schedule_and_extrapolates(order, coefficients, interval, 
     assert toy.ran == full  # real evaluations: the warm-up steps, then every `interval` steps
 
 
+def test_after_warmup_moves_the_first_full_step_as_diffusers_taylorseer_does():
+    # diffusers' TaylorSeer (cache_interval 3, disable_cache_before_step 3) computes 0, 1, 2, 4, 7, ..., 25 of 28
+    context = StepContext(call_index=1, num_steps=28, cfg=False, branches=("cond",))
+    toy = Polynomial(context, [1.0, 0.5])
+    hook = ForecastHook(context, order=1, interval=3, warmup=3, first_gap=2)
+    install_hook(toy, hook, "fastdiff.forecast")
+    for step in range(28):
+        context.step = step
+        toy(torch.ones(1, 2))
+    assert toy.ran == [0, 1, 2] + list(range(4, 28, 3))
+    with pytest.raises(
+        AcceleratorError, match="after_warmup must be an integer from 0 to interval - 1 = 2, got 3"
+    ):
+        fastdiff.parse("forecast(interval=3,after_warmup=3)")
+
+
 class Recorder(ModelHook):
     """Installed before forecast, so it runs only on real evaluations: records (step, branches, batch)."""
 
@@ -170,3 +186,43 @@ def test_unsupported_model_bad_values_and_conflicts(pipes):
         with pytest.raises(AcceleratorError, match="conflicts with"):
             sd.accelerate(other)
     sd.unwrap()
+
+
+class Counter(ModelHook):
+    """Counts the real calls of a layer inside an attention module (forecast's hook sits on the module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return args, kwargs
+
+
+def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
+    fp = FastPipeline(tiny_pipe("tiny-sd3"))
+    base = call(fp, steps=12, guidance=4.0)
+    handle = fp.accelerate("forecast(interval=3,warmup=3,at=attention)")
+    counters, counting = {}, []
+    for name, module in fp.denoiser.named_modules():
+        if name.endswith(".attn.to_q"):
+            counters[name] = Counter()
+            counting.append(install_hook(module, counters[name], "test.counter"))
+    images = call(fp, steps=12, guidance=4.0)
+    for h in counting:
+        h.remove()
+    assert fp.context.nfe == 12  # the denoiser runs at every step (CFG batched: one call per step)
+    assert len(counters) == 2 and all(c.calls == 6 for c in counters.values())  # steps 0, 1, 2, 5, 8, 11
+    assert psnr(images, base, floor=1e-20) >= 25 and not np.array_equal(images, base)
+    np.testing.assert_array_equal(call(fp, steps=12, guidance=4.0), images)
+    handle.remove()
+    np.testing.assert_array_equal(call(fp, steps=12, guidance=4.0), base)
+    unet = FastPipeline(pipes["tiny-sd"])
+    with pytest.raises(
+        UnsupportedModelError, match="needs a transformer denoiser; UNet2DConditionModel is a unet"
+    ):
+        unet.accelerate("forecast(at=attention)")
+    assert unet.accelerators == ()
+    with pytest.raises(AcceleratorError, match="choose one of output, attention"):
+        fastdiff.parse("forecast(at=blocks)")

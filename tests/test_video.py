@@ -113,8 +113,9 @@ def test_cell(name, accelerator):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_block_cache_modes(name, saved):
-    """First-block and FORA caching run on every family; the TeaCache indicator needs the block's modulation
-    facts (Wan, LTX and HunyuanVideo have them) and is refused elsewhere (CogVideoX), naming the block."""
+    """First-block and FORA caching, and forecast of the attention layers, run on every family; the TeaCache
+    indicator needs the block's modulation facts (Wan, LTX and HunyuanVideo have them) and is refused elsewhere
+    (CogVideoX), naming the block."""
     fp = FastPipeline(saved[name][0])
     base = clip(fp)
     for mode in ("first-block", "interval", "teacache"):
@@ -127,6 +128,13 @@ def test_block_cache_modes(name, saved):
         out = clip(fp, num_inference_steps=6)
         assert np.isfinite(out).all() and out.shape == CLIP
         handle.remove()
+    plain = clip(fp, num_inference_steps=6)
+    handle = fp.accelerate(
+        "forecast(order=1,interval=2,warmup=2,at=attention)"
+    )  # the blocks' attention layers
+    out = clip(fp, num_inference_steps=6)
+    assert np.isfinite(out).all() and not np.array_equal(out, plain)
+    handle.remove()
     assert np.array_equal(clip(fp), base)
     fp.unwrap()
 

@@ -248,8 +248,8 @@ HEADLINES = [
         h_blockcache,
     ),
     Headline(
-        "forecast(order, interval, warmup)",
-        "skips denoiser calls, extrapolating the last outputs",
+        "forecast(order, interval, warmup, at, after_warmup)",
+        "skips denoiser calls (or attention layers, TaylorSeer's form), extrapolating the last outputs",
         "caching.md",
         ("flow_caching",),
         h_forecast,

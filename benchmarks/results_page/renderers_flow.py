@@ -194,6 +194,13 @@ SECTIONS: dict[str, Section] = {
         "forecast and diffusers' TaylorSeer in one process, with each FD's spread and intervals of FD differences.",
         r_flow_caching,
     ),
+    "flow_caching_taylorseer_steps": Section(
+        GROUPS[6],
+        "TaylorSeer's own form and steps: forecast(at=attention, after_warmup=1) against diffusers' TaylorSeer",
+        "`benchmarks/flow_caching.py --fd-bootstrap`",
+        "fastdiff's forecast on the same steps as diffusers' TaylorSeer, of the attention layers and of the output.",
+        r_flow_caching,
+    ),
     "flow_families": Section(
         GROUPS[6],
         "Accelerators on the tiny flow families",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fastdiff.core.models import denoiser_facts
+from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, denoiser_facts
 
 
 def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -45,3 +45,25 @@ def passed_through(io, args, kwargs):
     parts[io.return_hidden_states_index] = hidden
     parts[io.return_encoder_hidden_states_index] = encoder
     return tuple(parts)
+
+
+def attention_layers(model, accelerator: str) -> list[torch.nn.Module]:
+    """The attention layers of a transformer denoiser's blocks, in block order: those of the blocks' reusable
+    layers (``REUSABLE_LAYERS``) that are diffusers attention modules. UnsupportedModelError for a UNet or a block
+    without facts."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+
+    facts = denoiser_facts(model, accelerator)
+    if facts.family != "transformer":
+        raise UnsupportedModelError(
+            f"{accelerator} needs a transformer denoiser; {type(model).__name__} is a {facts.family}"
+        )
+    layers = []
+    for block in (b for name in facts.blocks for b in getattr(model, name)):
+        names = REUSABLE_LAYERS.get(type(block).__name__)
+        if names is None:
+            raise UnsupportedModelError(f"{accelerator} has no layer facts for {type(block).__name__}")
+        found = (getattr(block, name, None) for name in names)
+        layers += [m for m in found if isinstance(m, (Attention, AttentionModuleMixin))]
+    return layers

@@ -1,12 +1,19 @@
 """Forecast: skip denoiser calls by extrapolating its recent outputs in the step index (TaylorSeer-like).
 
 The denoiser runs fully for the first ``warmup`` steps and then whenever ``interval`` steps have passed since
-the last full evaluation. On the steps between, a ``new_forward`` hook returns a prediction without calling
+the last full evaluation (``after_warmup`` moves the first one: that many steps are predicted right after the
+warm-up; diffusers' TaylorSeer uses 1). On the steps between, a ``new_forward`` hook returns a prediction without calling
 the denoiser (so NFE drops): the polynomial through the last ``order + 1`` full outputs, evaluated at the
 step index (Lagrange form; ``order=1`` is linear extrapolation from the last two, ``order=2`` quadratic from
 the last three). A fit whose weights would amplify noise by more than ``MAX_GAIN`` (reaching further ahead
 than the spacing of its points) drops to a lower degree, down to reusing the last output; so ``order=2``
 only differs from ``order=1`` where full evaluations are at least 3 steps apart.
+
+``at=attention`` forecasts the outputs of the blocks' attention layers instead (TaylorSeer's own form, and what
+diffusers' ``TaylorSeerCacheConfig`` does by default): every denoiser call runs, but on the steps between full
+evaluations each attention layer returns its prediction and the rest of the block (norms, MLPs, the timestep's
+modulation, the output layer) computes on it. It saves less than ``at=output`` (attention only) and keeps the
+current timestep's modulation exact. Transformers only (the blocks' attention layers come from their facts).
 
 History is kept per guidance branch (``context.branches`` chunks of the batch) and cleared at the start of
 every call; a branch without recent history (e.g. after ``cfg-interval`` switched guidance back on) or with a
@@ -21,6 +28,9 @@ Example::
     fp.accelerate("forecast(order=2,interval=3,warmup=3)")
     fp(prompt="a red fox", num_inference_steps=20, output_type="np")
     print(fp.context.nfe)  # 8: steps 0, 1, 2, 5, 8, 11, 14, 17
+
+    dit = FastPipeline(make_pipeline("tiny-dit", "test"))
+    dit.accelerate("forecast(interval=3,warmup=3,at=attention)")   # NFE stays 20; attention runs 8 times
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from typing import Literal
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, install_hook
+from fastdiff.cache.blockio import attention_layers
+from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors, stack_image_lists, unstack_like
@@ -82,9 +93,10 @@ class ForecastHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, context, order: int, interval: int, warmup: int):
+    def __init__(self, context, order: int, interval: int, warmup: int, first_gap: int | None = None):
         super().__init__()
         self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
+        self.first_gap = interval if first_gap is None else first_gap  # last warm-up step to the next full
         self.history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}  # branch -> [(step, chunks)]
         self.template = None  # output structure of the last full evaluation (per-image lists stacked)
         self.layout = None  # that output as the denoiser returned it
@@ -112,7 +124,11 @@ class ForecastHook(ModelHook):
             return False
         for branch in branches:
             points = self.history.get(branch)
-            if not points or points[-1][0] >= step or step - points[-1][0] >= self.interval:
+            if not points:
+                return False
+            last = points[-1][0]
+            gap = self.first_gap if last == self.warmup - 1 else self.interval
+            if last >= step or step - last >= gap:
                 return False
             if any(t.shape[0] != chunk for t in points[-1][1]):
                 return False
@@ -149,13 +165,17 @@ class ForecastHook(ModelHook):
 class Forecast(Accelerator):
     """Extrapolate skipped denoiser outputs from the last full ones (polynomial of ``order`` in the step).
 
-    Full evaluations: the first ``warmup`` steps, then every ``interval`` steps. Example:
+    Full evaluations: the first ``warmup`` steps, then every ``interval`` steps. ``at``: what is forecast, the
+    denoiser's ``output`` or its blocks' ``attention`` layers (transformers). ``after_warmup``: steps predicted
+    right after the warm-up before the next full one (default ``interval - 1``; diffusers' TaylorSeer: 1). Example:
     ``fp.accelerate("forecast(order=2,interval=3,warmup=3)")``.
     """
 
     order: Literal[1, 2] = 1
     interval: int = 2
     warmup: int = 2
+    at: Literal["output", "attention"] = "output"
+    after_warmup: int | None = None
 
     spec_name = "forecast"
     kind = "cache"
@@ -170,8 +190,25 @@ class Forecast(Accelerator):
             raise AcceleratorError(f"forecast: interval must be an integer >= 1, got {self.interval!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
             raise AcceleratorError(f"forecast: warmup must be an integer >= 1, got {self.warmup!r}")
+        if self.after_warmup is not None and not 0 <= self.after_warmup < self.interval:
+            raise AcceleratorError(
+                f"forecast: after_warmup must be an integer from 0 to interval - 1 = {self.interval - 1}, "
+                f"got {self.after_warmup!r}"
+            )
 
     def apply(self, fp) -> Handle:
         pipeline_facts(fp.pipe)  # UnsupportedModelError for a pipeline without facts
-        hook = ForecastHook(fp.context, self.order, self.interval, self.warmup)
-        return install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)
+        if self.at == "output":
+            return install_hook(fp.denoiser, self._hook(fp), HOOK_NAME, fp.context)
+        handles = []
+        try:
+            for layer in attention_layers(fp.denoiser, "forecast(at=attention)"):
+                handles.append(install_hook(layer, self._hook(fp), HOOK_NAME, fp.context))
+        except BaseException:
+            HandleGroup(handles).remove()
+            raise
+        return HandleGroup(handles)
+
+    def _hook(self, fp) -> ForecastHook:
+        gap = None if self.after_warmup is None else self.after_warmup + 1
+        return ForecastHook(fp.context, self.order, self.interval, self.warmup, gap)
