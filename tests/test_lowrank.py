@@ -17,7 +17,9 @@ from fastdiff.compress.lowrank import (
     factored_ranks,
     factorize,
     merge_factors,
+    singular_values,
     split_macs,
+    thin_svd,
 )
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -43,6 +45,16 @@ def test_full_rank_split_is_the_same_layer_and_truncation_is_the_svd(layer, x):
     product = split_r[1].weight.reshape(w.shape[0], r) @ split_r[0].weight.reshape(r, -1)
     torch.testing.assert_close(product, (u[:, :r] * s[:r]) @ vh[:r], atol=1e-5, rtol=1e-4)
     assert sum(p.numel() for p in split_r.parameters()) < sum(p.numel() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (40, 5)])
+def test_thin_svd_of_wide_and_tall_matrices(shape):
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    u, s, vh = thin_svd(w)  # a wide matrix goes through its transpose
+    assert u.shape == (shape[0], 5) and vh.shape == (5, shape[1])
+    torch.testing.assert_close((u * s) @ vh, w, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(u.T @ u, torch.eye(5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(singular_values(w), torch.linalg.svdvals(w), atol=1e-5, rtol=1e-5)
 
 
 def test_rank_choice_and_mac_rule():

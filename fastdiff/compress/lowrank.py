@@ -99,10 +99,24 @@ class LowRankSplit(nn.Sequential):
         return self[1].bias
 
 
+def thin_svd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.linalg.svd(w, full_matrices=False)``, taken of the transpose when ``w`` is wide: LAPACK's CPU SVD of
+    a wide matrix runs several times slower than of its transpose (1536 x 8960: 5.7 s against 1.6 s here)."""
+    if w.shape[0] >= w.shape[1]:
+        return torch.linalg.svd(w, full_matrices=False)
+    u, s, vh = torch.linalg.svd(w.T, full_matrices=False)
+    return vh.T, s, u.T
+
+
+def singular_values(w: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.svdvals(w)``, of the transpose when ``w`` is wide (as ``thin_svd``)."""
+    return torch.linalg.svdvals(w if w.shape[0] >= w.shape[1] else w.T)
+
+
 def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:
     """Two layers whose composition is the rank-r SVD truncation of ``m``."""
     w = m.weight.detach().float().reshape(m.weight.shape[0], -1)
-    u, s, vh = svd if svd is not None else torch.linalg.svd(w, full_matrices=False)
+    u, s, vh = svd if svd is not None else thin_svd(w)
     root = s[:r].sqrt()
     a, b = root[:, None] * vh[:r], u[:, :r] * root[None, :]
     dtype = m.weight.dtype
@@ -197,11 +211,11 @@ class LowRank(Accelerator):
             if self.rank is not None:
                 r = min(self.rank, min(w.shape))
             else:
-                r = choose_rank(torch.linalg.svdvals(w), self.energy, None)
+                r = choose_rank(singular_values(w), self.energy, None)
             full, split = split_macs(m, r)
             if split >= full:  # the split would cost at least as much: leave the layer alone
                 continue
-            plan[name] = (m, r, factorize(m, r, torch.linalg.svd(w, full_matrices=False)))
+            plan[name] = (m, r, factorize(m, r, thin_svd(w)))
             kept += sum(t.nbytes for t in plan[name][2].parameters())
             if m.weight.device.type == "cpu" and kept > budget:
                 raise AcceleratorError(
