@@ -136,3 +136,18 @@ def test_factors_beyond_free_memory_are_refused_before_the_model_changes(monkeyp
     np.testing.assert_array_equal(call(fp, steps=2), before)
     monkeypatch.undo()
     fp.accelerate("lowrank(rank=4)").remove()  # with the real free memory it applies
+
+
+def test_macs_are_counted_on_fake_tensors_as_on_a_real_call():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fastdiff.compress.common import count_params_macs
+    from fastdiff.train.inputs import capture_inputs
+
+    fp = make_fp("tiny-wan")
+    inputs = capture_inputs(fp, batch=2)
+    with torch.no_grad(), FlopCounterMode(display=False) as real:
+        type(fp.denoiser).forward(fp.denoiser, **inputs)
+    assert count_params_macs(fp.denoiser, inputs)[1] == real.get_total_flops() // 2 > 0
+    out = type(fp.denoiser).forward(fp.denoiser, **inputs)[0]  # no fake tensor left behind in the model
+    assert type(out) is torch.Tensor and torch.isfinite(out).all()

@@ -23,12 +23,26 @@ from fastdiff.train.inputs import denoiser_output, noised_inputs
 
 
 def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
-    """(parameters, multiply-accumulates of one call on ``inputs``) counted by torch's FlopCounterMode."""
+    """(parameters, multiply-accumulates of one call on ``inputs``) counted by torch's FlopCounterMode.
+
+    The call runs on fake tensors (shapes only, no arithmetic): the same count in a fraction of a second at any
+    size (a real call of a full-size video denoiser at its default clip takes hours on a CPU). A model whose
+    forward needs real values (data-dependent shapes) is counted on a real call instead."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     params = sum(p.numel() for p in module.parameters())
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        type(module).forward(module, **inputs)  # the class forward: the wrapper's hooks must not count it
+    forward = type(module).forward  # the class forward: the wrapper's hooks must not count it
+    try:
+        with (
+            torch.no_grad(),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            FlopCounterMode(display=False) as counter,
+        ):
+            forward(module, **inputs)
+    except (RuntimeError, NotImplementedError):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            forward(module, **inputs)
     return params, counter.get_total_flops() // 2
 
 
