@@ -80,6 +80,26 @@ class Count(ModelHook):
         return args, kwargs
 
 
+class TextPassThrough(ModelHook):
+    """SD3's last block returns no text states (``context_pre_only``), which diffusers' FirstBlockCache subtracts
+    (diffusers 0.42 fails there); return the block's input text states instead. SD3 discards the text states after
+    its last block, so the images are the same as without this hook."""
+
+    def new_forward(self, module, *args, **kwargs):
+        text, hidden = self.fn_ref.original_forward(*args, **kwargs)
+        if text is None:
+            text = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
+        return text, hidden
+
+
+def fbc_on_sd3(transformer, value):
+    """Inside diffusers' FirstBlockCache on an SD3 transformer: TextPassThrough on its last block; a handle or None."""
+    last = transformer.transformer_blocks[-1] if hasattr(transformer, "transformer_blocks") else None
+    if not isinstance(value, FirstBlockCacheConfig) or not getattr(last, "context_pre_only", False):
+        return None
+    return install_hook(last, TextPassThrough(), "benchmark.text-pass-through")
+
+
 APPLY = {FirstBlockCacheConfig: apply_first_block_cache, TaylorSeerCacheConfig: apply_taylorseer_cache,
          MagCacheConfig: apply_mag_cache}  # fmt: skip
 
@@ -138,6 +158,7 @@ def run(fp, config, prompts, seed: int = 0):
     counter = Count()
     count = install_hook(last_attention(transformer), counter, "benchmark.count")
     handle = fp.accelerate(value) if kind == "fastdiff" else None
+    shim = fbc_on_sd3(transformer, value) if kind == "diffusers" else None  # inside diffusers' hooks
     if kind == "diffusers":
         before = hook_names(transformer)
         APPLY[type(value)](transformer, value)
@@ -158,6 +179,8 @@ def run(fp, config, prompts, seed: int = 0):
             registry = HookRegistry.check_if_exists_or_initialize(transformer)
             for name in added:
                 registry.remove_hook(name, recurse=True)
+        if shim is not None:
+            shim.remove()
         count.remove()
     return images, seconds, counter.calls
 
