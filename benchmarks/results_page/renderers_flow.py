@@ -201,6 +201,13 @@ SECTIONS: dict[str, Section] = {
         "fastdiff's forecast on the same steps as diffusers' TaylorSeer, of the attention layers and of the output.",
         r_flow_caching,
     ),
+    "flow_caching_first_block": Section(
+        GROUPS[6],
+        "fastdiff's first-block cache against diffusers' FirstBlockCache (digits-flow)",
+        "`benchmarks/flow_caching.py --fd-bootstrap`",
+        "The same threshold on the SD3-shaped reference, with diffusers' hook made to run on SD3's last block.",
+        r_flow_caching,
+    ),
     "flow_families": Section(
         GROUPS[6],
         "Accelerators on the tiny flow families",
