@@ -188,26 +188,16 @@ def test_unsupported_model_bad_values_and_conflicts(pipes):
     sd.unwrap()
 
 
-class Counter(ModelHook):
-    """Counts the real calls of a layer inside an attention module (forecast's hook sits on the module)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.calls += 1
-        return args, kwargs
-
-
 def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
     fp = FastPipeline(tiny_pipe("tiny-sd3"))
     base = call(fp, steps=12, guidance=4.0)
     handle = fp.accelerate("forecast(interval=3,warmup=3,at=attention)")
-    counters, counting = {}, []
+    from benchmarks.flow_caching import Count
+
+    counters, counting = {}, []  # on a layer inside each attention module: forecast's hook sits on the module
     for name, module in fp.denoiser.named_modules():
         if name.endswith(".attn.to_q"):
-            counters[name] = Counter()
+            counters[name] = Count()
             counting.append(install_hook(module, counters[name], "test.counter"))
     images = call(fp, steps=12, guidance=4.0)
     for h in counting:
