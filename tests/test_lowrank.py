@@ -151,3 +151,15 @@ def test_macs_are_counted_on_fake_tensors_as_on_a_real_call():
     assert count_params_macs(fp.denoiser, inputs)[1] == real.get_total_flops() // 2 > 0
     out = type(fp.denoiser).forward(fp.denoiser, **inputs)[0]  # no fake tensor left behind in the model
     assert type(out) is torch.Tensor and torch.isfinite(out).all()
+
+
+def test_sdxl_runs_with_its_add_embedding_split():
+    # StableDiffusionXLPipeline reads unet.add_embedding.linear_1.in_features: a split layer reports its sizes
+    fp = make_fp("tiny-sdxl")
+    before = call(fp, steps=2)
+    handle = fp.accelerate("lowrank(rank=2)")
+    split = fp.denoiser.add_embedding.linear_1
+    assert isinstance(split, LowRankSplit) and split.in_features == split[0].in_features
+    assert np.isfinite(call(fp, steps=2)).all()
+    handle.remove()
+    np.testing.assert_array_equal(call(fp, steps=2), before)

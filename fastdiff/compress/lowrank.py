@@ -84,8 +84,8 @@ def choose_rank(s: torch.Tensor, energy: float, rank: int | None) -> int:
 class LowRankSplit(nn.Sequential):
     """The two layers (thin, then widening) that replace one layer split by ``lowrank``.
 
-    ``weight`` and ``bias`` are those of the rank-r layer it stands for (computed), for model code that reads
-    its layers' weights (Z-Image's timestep embedder takes its dtype from ``mlp[0].weight``).
+    ``weight``, ``bias`` and the sizes (``in_features`` ... ``out_channels``) are those of the rank-r layer it
+    stands for (computed), for model code that reads its layers' weights (Z-Image's timestep embedder takes its dtype from ``mlp[0].weight``).
     """
 
     @property
@@ -97,6 +97,23 @@ class LowRankSplit(nn.Sequential):
     @property
     def bias(self) -> torch.Tensor | None:
         return self[1].bias
+
+    # The sizes of the layer it stands for (SDXL's pipeline reads ``add_embedding.linear_1.in_features``).
+    @property
+    def in_features(self) -> int:
+        return self[0].in_features
+
+    @property
+    def out_features(self) -> int:
+        return self[1].out_features
+
+    @property
+    def in_channels(self) -> int:
+        return self[0].in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self[1].out_channels
 
 
 def thin_svd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
