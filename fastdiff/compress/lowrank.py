@@ -85,7 +85,8 @@ class LowRankSplit(nn.Sequential):
     """The two layers (thin, then widening) that replace one layer split by ``lowrank``.
 
     ``weight``, ``bias`` and the sizes (``in_features`` ... ``out_channels``) are those of the rank-r layer it
-    stands for (computed), for model code that reads its layers' weights (Z-Image's timestep embedder takes its dtype from ``mlp[0].weight``).
+    stands for (computed), for model code that reads its layers' weights (Z-Image's timestep embedder takes its
+    dtype from ``mlp[0].weight``).
     """
 
     @property
@@ -132,8 +133,7 @@ def singular_values(w: torch.Tensor) -> torch.Tensor:
 
 def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:
     """Two layers whose composition is the rank-r SVD truncation of ``m``."""
-    w = m.weight.detach().float().reshape(m.weight.shape[0], -1)
-    u, s, vh = svd if svd is not None else thin_svd(w)
+    u, s, vh = svd if svd is not None else thin_svd(m.weight.detach().float().reshape(m.weight.shape[0], -1))
     root = s[:r].sqrt()
     a, b = root[:, None] * vh[:r], u[:, :r] * root[None, :]
     dtype = m.weight.dtype
