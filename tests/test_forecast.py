@@ -18,6 +18,7 @@ from fastdiff.core.context import StepContext
 from fastdiff.core.hooks import install_hook
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.registry import available
+from fastdiff.eval.compat import module_state, state_differences
 from fastdiff.zoo.tiny import make_pipeline
 
 STEPS = 20
@@ -191,6 +192,7 @@ def test_unsupported_model_bad_values_and_conflicts(pipes):
 def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
     fp = FastPipeline(tiny_pipe("tiny-sd3"))
     base = call(fp, steps=12, guidance=4.0)
+    state = module_state(fp.pipe)
     handle = fp.accelerate("forecast(interval=3,warmup=3,at=attention)")
     from benchmarks.flow_caching import Count
 
@@ -208,6 +210,7 @@ def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
     np.testing.assert_array_equal(call(fp, steps=12, guidance=4.0), images)
     handle.remove()
     np.testing.assert_array_equal(call(fp, steps=12, guidance=4.0), base)
+    assert not state_differences(state, module_state(fp.pipe))  # no hook registry or instance forward left
     unet = FastPipeline(pipes["tiny-sd"])
     with pytest.raises(
         UnsupportedModelError, match="needs a transformer denoiser; UNet2DConditionModel is a unet"
