@@ -36,6 +36,7 @@ PRESETS = {
     },
     "moving-digits": {
         "steps": 50,
+        "guidance": 5.0,  # WanPipeline's default, where these were measured (the model's own is 1.5)
         "out": HERE / "results" / "video_caching.json",
         "command": "benchmarks/video_caching.sh",
         "first": ["unipc-50=none", "fd-forecast-3=forecast(order=1,interval=3,warmup=3)",
@@ -51,8 +52,19 @@ PRESETS = {
 }  # fmt: skip
 
 
-def launch(model: str, steps: int, count: int, configs: list[str], out: Path, log: Path) -> subprocess.Popen:
-    command = [sys.executable, str(HERE / "flow_caching.py"), "--model", model, "--steps", str(steps)]
+def launch(
+    model: str, preset: dict, count: int, configs: list[str], out: Path, log: Path
+) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        str(HERE / "flow_caching.py"),
+        "--model",
+        model,
+        "--steps",
+        str(preset["steps"]),
+    ]
+    if "guidance" in preset:
+        command += ["--guidance", str(preset["guidance"])]
     command += ["--images", str(count), "--runs", "1", "--out", str(out)]
     for config in configs:
         command += ["--config", config]
@@ -87,7 +99,7 @@ def main() -> None:
     preset = PRESETS[args.preset]
     tmp = Path(tempfile.mkdtemp(prefix="caching-pair-"))
     runs = [
-        launch(args.model, preset["steps"], args.count, preset[group], tmp / f"{i}.json", tmp / f"{i}.log")
+        launch(args.model, preset, args.count, preset[group], tmp / f"{i}.json", tmp / f"{i}.log")
         for i, group in ((1, "first"), (2, "second"))
     ]
     for i, run in enumerate(runs, 1):

@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     parser.add_argument("--model", type=Path, default=None, help="a moving-digits build (default: tiny-wan)")
     parser.add_argument("--batch", type=int, default=1, help="clips per call")
+    parser.add_argument("--guidance", type=float, default=None, help="with --model: default the model's own")
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_sequence.json")
     args = parser.parse_args()
     model = args.model or build("tiny-wan", args.cache / "tiny-wan-bench", size="bench")
@@ -67,6 +68,7 @@ def main() -> None:
     if args.model:
         settings = json.loads((args.model / "eval" / "prompts.json").read_text())
         prompt, guidance, clip = settings["bench_prompts"][0], settings["guidance"], settings["call"]
+        guidance = guidance if args.guidance is None else args.guidance
         args.clips = f"{clip['num_frames']}x{clip['height']}"
         vae = json.loads((args.model / "vae" / "config.json").read_text())
         scales = (vae["scale_factor_temporal"], vae["scale_factor_spatial"])
@@ -85,7 +87,7 @@ def main() -> None:
               "runs": args.runs, "rows": rows, "date": str(date.today()),
               "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
               "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
-                         + (f" --model MODEL --batch {args.batch}" if args.model else "")}  # fmt: skip
+                         + (f" --model MODEL --batch {args.batch} --guidance {guidance:g}" if args.model else "")}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
 

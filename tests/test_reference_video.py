@@ -58,6 +58,21 @@ def test_clips_move_the_digit_edge_to_edge_and_the_metrics_read_real_clips():
     assert len(md.bench_prompts()) == 80 and len(set(md.bench_prompts())) == 80
 
 
+def test_fd_floor_draws_whole_clips_and_sits_above_a_floor_of_loose_frames():
+    from fastdiff.eval.quality import fd, fd_floor
+
+    ref = load_reference_eval(DATA_DIR)
+    train, test = md.make_clips(ref.x_train)[0], md.digit_windows(md.make_clips(ref.x_test[:60])[0])
+    floor = md.clip_fd_floor(train, test, ref.classifier, clips=40, seed=3, draws=3)
+    draws = [fd(md.digit_windows(train[np.random.default_rng(3 + d).choice(len(train), 40, replace=False)]), test,
+                ref.classifier) for d in range(3)]  # fmt: skip
+    assert floor == pytest.approx(float(np.median(draws)))
+    # 40 clips are 40 digits: as many loose frames (9x the digits) reach a much lower FD
+    assert floor > 2 * fd_floor(md.digit_windows(train), test, ref.classifier, n=40 * md.FRAMES, seed=3)
+    with pytest.raises(ValueError, match="clips must be in 2"):
+        md.clip_fd_floor(train, test, ref.classifier, clips=1)
+
+
 def test_training_context_is_the_pipelines_512_zero_tokens_exactly(toy):
     pipe = WanPipeline.from_pretrained(str(toy))
     prompts = ["a handwritten seven moving left", "", "digit 3 going up"]

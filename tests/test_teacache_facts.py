@@ -4,6 +4,8 @@ LTX-Video), and blockcache(mode=teacache) skips blocks on each; the others are r
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -76,3 +78,25 @@ def test_families_without_facts_are_refused_naming_the_block(name):
     with pytest.raises(UnsupportedModelError, match="Block.* modulates its input"):
         fp.accelerate("blockcache(mode=teacache)")
     assert fp.accelerators == ()
+
+
+def test_fit_teacache_command_fits_at_the_guidance_asked_and_blockcache_reads_the_fit(tmp_path):
+    from fastdiff.cli.main import main
+
+    pipe = make_pipeline("tiny-sd3")
+    pipe.save_pretrained(tmp_path / "model")
+    fits = {}
+    for guidance in (1.0, 5.0):
+        out = tmp_path / f"fit-{guidance}.json"
+        main(["fit-teacache", str(tmp_path / "model"), "--steps", "8", "--calls", "1", "--batch", "1",
+              "--guidance", str(guidance), "--out", str(out)])  # fmt: skip
+        fits[guidance] = json.loads(out.read_text())
+    low, high = fits[1.0], fits[5.0]
+    assert low["model"] == "SD3Transformer2DModel" and low["points"] == 7 and len(low["coefficients"]) == 5
+    assert (
+        np.isfinite(low["rms_error"]) and low["coefficients"] != high["coefficients"]
+    )  # guidance reached the calls
+    fp = FastPipeline.from_pretrained(tmp_path / "model")
+    fp.set_progress_bar_config(disable=True)
+    fp.accelerate(f"blockcache(mode=teacache,threshold=0.5,fit={tmp_path / 'fit-5.0.json'})")
+    assert np.isfinite(call(fp.pipe, fp)).all()

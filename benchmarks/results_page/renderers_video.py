@@ -51,7 +51,9 @@ def r_moving_digits_build(d: dict) -> str:
     return rows + (
         f"\n\nTraining: VAE {v.get('steps')} steps ({v.get('seconds', 0) / 60:.0f} min; reconstructions of test clips:"
         f" PSNR {num(v.get('psnr_test'), 1)} dB, digit accuracy {pct(v.get('accuracy_test'))}, FD"
-        f" {num(v.get('fd_test'))}: what the autoencoder alone allows), transformer"
+        f" {num(v.get('fd_test'))}"
+        + (f" where those real clips score {num(v['fd_test_real'])}" if "fd_test_real" in v else "")
+        + f": what the autoencoder alone allows), transformer"
         f" {t.get('steps')} steps ({t.get('seconds', 0) / 60:.0f} min), loss {t.get('loss_first', 0):.2f} ->"
         f" {t.get('loss_last', 0):.2f}. Real test clips score {pct(real.get('accuracy'))} digit and"
         f" {pct(real.get('direction_accuracy'))} direction accuracy (the metrics' ceiling). Target: digit and"
@@ -84,7 +86,7 @@ SECTIONS: dict[str, Section] = {
     "moving_digits_teacache_fit": Section(
         GROUPS[7],
         "TeaCache fit on moving-digits",
-        "`fastdiff fit-teacache MODEL --steps 50 --calls 4 --batch 8`",
+        "`fastdiff fit-teacache MODEL --steps 50 --calls 4 --batch 8 --guidance 5`",
         "The fitted output-change polynomial that video_caching.sh's TeaCache rows use.",
         r_teacache_fit,
     ),

@@ -32,6 +32,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--calls", type=POSITIVE, default=4, help="calls, seeds 1000, 1001, ... (default 4)")
     p.add_argument("--batch", type=POSITIVE, default=None, help="images per call (default: the bench batch)")
     p.add_argument("--degree", type=POSITIVE, default=4, help="polynomial degree (default 4, as TeaCache)")
+    p.add_argument(
+        "--guidance", type=float, default=None, help="guidance scale (default: the model's bench guidance)"
+    )
     p.add_argument("--out", required=True, help="write the fit JSON here")
     p.set_defaults(func=run)
     return p
@@ -52,7 +55,7 @@ def run(args) -> dict:
     fp = FastPipeline.from_pretrained(resolve_model(args.model, args.size), accelerators=args.accel or None)
     fp.set_progress_bar_config(disable=True)
     calls = [
-        dict(make_inputs(fp.pipe, args.batch), num_inference_steps=args.steps, output_type="np",
+        dict(make_inputs(fp.pipe, args.batch, guidance=args.guidance), num_inference_steps=args.steps, output_type="np",
              generator=torch.Generator().manual_seed(1000 + i))
         for i in range(args.calls)
     ]  # fmt: skip

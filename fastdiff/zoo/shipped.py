@@ -158,8 +158,8 @@ SHIPPED_VIDEO: dict[str, tuple[int, str]] = {
         212,
         "4fec3e1a8ec0235440fa3f7bad11cf46a5272109907847a30d9f01bc04805138",
     ),
-    "eval/prompts.json": (2687, "59dfbcb2e4ef4296c67c306e5b1f9fd8b7df3b79a2a5841c158fac98a27ead24"),
-    "eval/report.json": (898, "67783b5788816b3734f0ba2dcf8a5eb4e7d000b1c98ad3b3331b04c564e93d8f"),
+    "eval/prompts.json": (2687, "7ee4a97387f4f0c36272c627ac00966f6aad0f2c2f6f15c8184d51bc944eba70"),
+    "eval/report.json": (898, "80cd28c94be98ef6249ec99a89aa53b229ee719faac430c049067a3457313a43"),
     "transformer_loss.csv": (353235, "720ea5faa4decefad9bb9453a9f5daed3055c132d9a432af03cfa011b3440c70"),
     "vae_loss.csv": (42238, "c6cee49a42e376293165ddebbfd844673a2c9ce7072e2718cb38fafea2d620c7"),
 }
