@@ -91,6 +91,24 @@ def test_prune_sd_with_taylor_importance_and_cfg():
     np.testing.assert_array_equal(images(fp), before)
 
 
+@pytest.mark.parametrize("model", ["tiny-sd", "tiny-dit"])  # the UNet and the transformer path
+def test_prune_keeps_the_original_tensors_and_training_the_pruned_model_leaves_them_exact(model):
+    fp = make_fp(model)
+    before = images(fp)
+    originals = {n: (p, p.requires_grad) for n, p in fp.denoiser.named_parameters()}
+    handle = fp.accelerate("prune(ratio=0.5,importance=taylor)")
+    # pruning worked on copies sharing these tensors; afterwards the pruned model owns every tensor it holds
+    ours = {p.data_ptr() for p, _ in originals.values()}
+    assert not ours & {t.data_ptr() for t in (*fp.denoiser.parameters(), *fp.denoiser.buffers())}
+    assert all(p.grad is None and p.requires_grad == flag for p, flag in originals.values())
+    with torch.no_grad():  # what an optimizer step does to the pruned model
+        for p in fp.denoiser.parameters():
+            p.add_(1.0)
+    handle.remove()
+    assert all(p is originals[n][0] for n, p in fp.denoiser.named_parameters())
+    np.testing.assert_array_equal(images(fp), before)
+
+
 def test_prune_refuses_bad_options():  # DiTs: tests/test_prune_dit.py
     fp = make_fp("tiny-dit")
     with pytest.raises(AcceleratorError, match=r"ratio must be in \(0, 1\), got 1.0"):

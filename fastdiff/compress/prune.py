@@ -41,7 +41,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -50,6 +49,7 @@ import torch
 from torch import nn
 
 from fastdiff.compress.common import (
+    PruningCopies,
     config_mismatch,
     count_params_macs,
     refuse_hooked_blocks,
@@ -117,16 +117,13 @@ class Prune(Accelerator):
                 "whose widths must match the UNet's; pruning channels would break them"
             )
         before = count_params_macs(den, inputs)
-        originals, config = dict(den.named_children()), den._internal_dict
+        config, trainable = den._internal_dict, any(p.requires_grad for p in den.parameters())
+        copies = PruningCopies(den)  # prune copies; the originals come back on remove()
 
         def restore():
-            for name, child in originals.items():
-                setattr(den, name, child)
+            copies.restore()
             den._internal_dict = config
 
-        for name, child in originals.items():  # prune copies; the originals come back on remove()
-            setattr(den, name, copy.deepcopy(child))
-        trainable = any(p.requires_grad for p in den.parameters())
         try:
             with torch.enable_grad():  # torch-pruning traces the graph through autograd
                 den.requires_grad_(True)
@@ -135,6 +132,7 @@ class Prune(Accelerator):
             set_config(den, new_config)
             problem = config_mismatch(den)
             den.zero_grad(set_to_none=True)
+            copies.finish()
             handle = sized_handle(  # runs the pruned UNet once: a ratio it cannot run at fails here
                 restore, den, inputs, before,
                 block_out_channels=tuple(new_config["block_out_channels"]), config_exact=problem is None,

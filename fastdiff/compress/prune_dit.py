@@ -42,14 +42,19 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from fastdiff.compress.common import config_mismatch, count_params_macs, sized_handle, taylor_gradients
+from fastdiff.compress.common import (
+    PruningCopies,
+    config_mismatch,
+    count_params_macs,
+    sized_handle,
+    taylor_gradients,
+)
 from fastdiff.core.hooks import Handle
 from fastdiff.train.inputs import capture_inputs
 
@@ -178,15 +183,8 @@ def prune_transformer(fp, cfg) -> Handle:
     den = fp.denoiser
     inputs = capture_inputs(fp, batch=2)
     before = count_params_macs(den, inputs)
-    originals = dict(den.named_children())
-
-    def restore():
-        for name, child in originals.items():
-            setattr(den, name, child)
-
-    for name, child in originals.items():  # prune copies; the originals come back on remove()
-        setattr(den, name, copy.deepcopy(child))
     trainable = any(p.requires_grad for p in den.parameters())
+    copies = PruningCopies(den)  # prune copies; the originals come back on remove()
     try:
         if cfg.importance == "taylor":
             with torch.enable_grad():
@@ -194,13 +192,14 @@ def prune_transformer(fp, cfg) -> Handle:
                 taylor_gradients(den, fp, inputs)
         _prune_blocks(den, cfg.ratio, cfg.importance)
     except BaseException:
-        restore()
+        copies.restore()
         raise
     den.zero_grad(set_to_none=True)
     den.requires_grad_(trainable)  # torch-pruning's new Parameters require grad; keep the model's setting
+    copies.finish()
     kept = structure(den)
     return sized_handle(
-        restore,
+        copies.restore,
         den,
         inputs,
         before,
