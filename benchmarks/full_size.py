@@ -118,7 +118,8 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
     row = {"accelerator": name, "spec": spec}
     held_before = resident_gb()
     try:
-        handle = fp.accelerate(spec)
+        with PeakRSS() as applying:
+            handle = fp.accelerate(spec)
     except (AcceleratorError, ImportError, NotImplementedError) as exc:
         row.update(status="refused", reason=f"{type(exc).__name__}: {exc}"[:300])
         row["removed_bit_identical"] = bool(
@@ -126,6 +127,7 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
         )  # refusing lost nothing
         return row
     row["apply_rss_added_gb"] = resident_gb() - held_before  # what apply holds (its transients trimmed away)
+    row["apply_peak_rss_added_gb"] = applying.added_gb  # the most apply needed on the way
     try:
         with PeakRSS() as rss:
             seconds, out = latents(fp, inputs)

@@ -109,6 +109,29 @@ def test_prune_keeps_the_original_tensors_and_training_the_pruned_model_leaves_t
     np.testing.assert_array_equal(images(fp), before)
 
 
+@pytest.mark.parametrize("model", ["tiny-sd", "tiny-sdxl", "tiny-ddpm"])
+def test_tracing_one_small_sample_prunes_exactly_what_the_captured_batch_prunes(model, monkeypatch):
+    import fastdiff.compress.prune as prune_module
+    from fastdiff.compress.common import trace_inputs
+    from fastdiff.train.inputs import capture_inputs
+
+    fp = make_fp(model)
+    captured = capture_inputs(fp, batch=2)
+    small = trace_inputs(fp.denoiser, captured)
+    assert small["sample"].shape[0] == 1 < captured["sample"].shape[0]
+    assert small["sample"].shape[-1] == min(
+        captured["sample"].shape[-1], 2 ** len(fp.denoiser.config.down_block_types)
+    )
+    pruned = {}
+    for name, tracer in (("small", trace_inputs), ("captured", lambda den, inputs: inputs)):
+        monkeypatch.setattr(prune_module, "trace_inputs", tracer)
+        fp = make_fp(model)
+        fp.accelerate("prune(ratio=0.5)")
+        pruned[name] = fp.denoiser.state_dict()
+    assert pruned["small"].keys() == pruned["captured"].keys()
+    assert all(torch.equal(pruned["small"][k], pruned["captured"][k]) for k in pruned["small"])
+
+
 def test_prune_refuses_bad_options():  # DiTs: tests/test_prune_dit.py
     fp = make_fp("tiny-dit")
     with pytest.raises(AcceleratorError, match=r"ratio must be in \(0, 1\), got 1.0"):

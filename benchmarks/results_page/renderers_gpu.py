@@ -68,7 +68,10 @@ def _memory_columns(rows: list[dict]) -> list:
     """What apply holds and what stays after remove() (with and without the allocator's free pages), if recorded."""
     if not any("apply_rss_added_gb" in r for r in rows):
         return []
-    return [
+    peak = [("peak during apply, GB", _gb("apply_peak_rss_added_gb"))] if any(
+        "apply_peak_rss_added_gb" in r for r in rows
+    ) else []  # fmt: skip
+    return peak + [
         ("held by apply, GB", _gb("apply_rss_added_gb")),
         ("RSS after remove(), GB", _gb("rss_after_gb")),
         ("same after malloc_trim, GB", _gb("rss_after_trim_gb")),

@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +56,7 @@ from fastdiff.compress.common import (
     refuse_hooked_blocks,
     sized_handle,
     taylor_gradients,
+    trace_inputs,
 )
 from fastdiff.compress.prune_dit import prune_transformer, transformer_blocks
 from fastdiff.core.hooks import Handle
@@ -128,6 +130,7 @@ class Prune(Accelerator):
             with torch.enable_grad():  # torch-pruning traces the graph through autograd
                 den.requires_grad_(True)
                 new_config = _prune_unet(den, inputs, self, fp)
+                gc.collect()  # torch-pruning's graph sits in reference cycles: free its trace now, not at gen 2
                 den.requires_grad_(trainable)
             set_config(den, new_config)
             problem = config_mismatch(den)
@@ -195,7 +198,7 @@ def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
     base = base or tp.importance.GroupMagnitudeImportance(p=2)
     pruner = tp.pruner.MetaPruner(
         den,
-        inputs,
+        trace_inputs(den, inputs),
         importance=_GroupMean(base, norms) if whole_groups else base,
         pruning_ratio=ratio,
         ignored_layers=ignored,
