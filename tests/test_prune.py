@@ -12,7 +12,8 @@ from diffusers.models.embeddings import Timesteps
 from helpers import call, make_fp
 
 from fastdiff import AcceleratorError, FastPipeline
-from fastdiff.compress.prune import config_mismatch, make_permanent
+from fastdiff.compress.prune import config_mismatch
+from fastdiff.compress.sparsity import make_permanent
 
 images = functools.partial(call, steps=2)  # two seeded steps; the other keywords pass through
 
@@ -179,41 +180,53 @@ def test_sparsity_masks_and_restores(pattern):
     if pattern == "2:4":
         zeros = (linear.weight.reshape(linear.weight.shape[0], -1, 4) == 0).sum(-1)
         assert (zeros >= 2).all()
-    assert linear.weight_mask.dtype == torch.bool  # one byte per weight besides torch's two float copies
+    # zeroed in place: the same Parameter objects, the same state_dict keys (saving just works)
+    assert all(p is parameters[k] for k, p in fp.denoiser.named_parameters())
+    assert list(fp.denoiser.state_dict()) == keys
     assert not np.array_equal(images(fp), before)
     handle.remove()
     np.testing.assert_array_equal(images(fp), before)
-    # the original Parameter objects are back (no copies kept meanwhile), in their order, with no mask left
     after = dict(fp.denoiser.named_parameters())
     assert list(after) == list(parameters) and all(after[k] is parameters[k] for k in parameters)
-    assert list(fp.denoiser.state_dict()) == keys
     assert not any(m._forward_pre_hooks for m in fp.denoiser.modules())
+    assert "fastdiff.sparsity" not in fp.denoiser._diffusers_hook.hooks
 
 
-def test_make_permanent_keeps_the_zeros():
-    fp = make_fp("tiny-ddpm")
-    fp.accelerate("sparsity(pattern=2:4)")
-    masked = images(fp)
-    assert make_permanent(fp.denoiser) > 0
-    assert not any(n.endswith("weight_mask") for n, _ in fp.denoiser.named_buffers())
-    np.testing.assert_array_equal(images(fp), masked)
-
-
-def test_sparsity_holds_one_masked_copy_and_still_trains_through_the_masks():
+def test_make_permanent_keeps_the_zeros_and_saves_plain_weights(tmp_path):
     fp = make_fp("tiny-ddpm")
     handle = fp.accelerate("sparsity(pattern=2:4)")
+    masked = images(fp)
+    assert make_permanent(fp.denoiser) > 0 and make_permanent(fp.denoiser) == 0
+    handle.remove()  # nothing left to restore: the zeros stay
+    np.testing.assert_array_equal(images(fp), masked)
+    fp.save_pretrained(tmp_path / "sparse")
+    loaded = FastPipeline.from_pretrained(tmp_path / "sparse")
+    loaded.pipe.set_progress_bar_config(disable=True)
+    np.testing.assert_array_equal(images(loaded), masked)
+
+
+def test_sparsity_training_keeps_the_zeros_and_remove_brings_back_the_zeroed_values():
+    fp = make_fp("tiny-ddpm")
     den = fp.denoiser
-    layers = [m for m in den.modules() if hasattr(m, "weight_mask")]
-    # no float mask and no autograd node kept beside the masked weight (they had tripled the memory)
-    assert all(m.weight_mask.dtype == torch.bool and m.weight.grad_fn is None for m in layers)
+    den.requires_grad_(False)  # an inference model: the gradient masks come once training starts
+    original = {n: p.detach().clone() for n, p in den.named_parameters()}
+    handle = fp.accelerate("sparsity(pattern=2:4)")
+    zeros = {
+        n: p == 0 for n, p in den.named_parameters() if p.dim() > 1 and (p == 0).any()
+    }  # the 2:4 weights
+    assert len(zeros) > 10
     sample = torch.randn(2, den.config.in_channels, den.config.sample_size, den.config.sample_size)
-    with torch.enable_grad():  # training (fastdiff compress) rebuilds the masked weight with autograd
-        den.requires_grad_(True)
-        den(sample, torch.tensor([10, 500])).sample.square().mean().backward()
-    grads = [m.weight_orig.grad for m in layers]
-    assert all(g is not None for g in grads)
-    # pruned weights get no gradient
-    assert all((g[~m.weight_mask] == 0).all() for g, m in zip(grads, layers))
-    assert any(g.abs().sum() > 0 for g in grads)
-    den.zero_grad(set_to_none=True)
+    den.requires_grad_(True)
+    optimizer = torch.optim.AdamW(den.parameters(), lr=1e-2, weight_decay=0.1)
+    with torch.enable_grad():  # two training steps, as fastdiff compress's recovery takes them
+        for _ in range(2):
+            den(sample, torch.tensor([10, 500])).sample.square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    params = dict(den.named_parameters())
+    assert all((params[n][z] == 0).all() for n, z in zeros.items())  # the zeros stay zeros
+    assert any(not torch.equal(params[n][~z], original[n][~z]) for n, z in zeros.items())  # the rest trained
+    den.requires_grad_(False)
     handle.remove()
+    # the zeroed values come back; the kept ones keep their training, as the model's own weights
+    assert all(torch.equal(params[n][z], original[n][z]) for n, z in zeros.items())

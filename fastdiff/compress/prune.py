@@ -1,4 +1,4 @@
-"""Structured pruning (torch-pruning) and weight sparsity masks for diffusers UNets and DiTs.
+"""Structured pruning (torch-pruning) for diffusers UNets and DiTs (weight sparsity: ``fastdiff.compress.sparsity``).
 
 ``prune(ratio=0.5, importance=magnitude|taylor)`` removes whole channels from a ``UNet2DModel`` or
 ``UNet2DConditionModel`` and leaves a smaller dense UNet that runs at every batch size and resolution the
@@ -23,10 +23,6 @@ The config is updated (``block_out_channels``, ``time_embedding_dim``, ``norm_nu
 diffusers rebuilds exactly this structure from that config (checked on the meta device; a warning names the
 difference otherwise, e.g. for ratios that leave widths no config can express). The handle also reports
 ``params_before/after`` and ``macs_before/after``. ``remove()`` puts the original modules back.
-
-``sparsity(pattern=2:4|unstructured, amount=0.5)`` masks Linear/conv weights with ``torch.nn.utils.prune``.
-2:4 (two of every four consecutive input weights) is what sparse tensor cores accelerate; on CPU masks give
-no speedup: the weights stay dense and only the saved files shrink when compressed.
 
 Example::
 
@@ -304,95 +300,3 @@ def set_config(module, values: dict) -> None:
     if defaults is not None:
         values = dict(values, _use_default_values=[k for k in defaults if k not in values])
     module.register_to_config(**values)
-
-
-@register
-@dataclass(frozen=True)
-class Sparsity(Accelerator):
-    """Weight masks on Linear/conv layers (no CPU speedup). Example: ``fp.accelerate("sparsity(pattern=2:4)")``."""
-
-    pattern: Literal["2:4", "unstructured"] = "2:4"
-    amount: float = 0.5
-
-    spec_name = "sparsity"
-    kind = "compress"
-    touches = frozenset({"denoiser.weights"})
-    runs_on_xla = True
-    exclusive = frozenset({"denoiser.weights"})
-
-    def validate(self) -> None:
-        if self.pattern not in ("2:4", "unstructured"):
-            raise AcceleratorError(f"sparsity: pattern {self.pattern!r} not allowed; use 2:4 or unstructured")
-        if not 0 < self.amount < 1:
-            raise AcceleratorError(f"sparsity: amount must be in (0, 1), got {self.amount}")
-        if self.pattern == "2:4" and self.amount != 0.5:
-            raise AcceleratorError(
-                f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}"
-            )
-
-    def apply(self, fp) -> Handle:
-        from torch.nn.utils import prune as torch_prune
-
-        den = fp.denoiser
-        denoiser_facts(den, "sparsity")
-        layers = [m for m in den.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and m.weight.shape[1] > 1]
-        if self.pattern == "2:4":  # groups of 4 along the (flattened) input dimension
-            layers = [m for m in layers if m.weight[0].numel() % 4 == 0]
-        orders = {m: list(m._parameters) for m in layers}  # restored as it was (state_dict order included)
-        for m in layers:
-            with torch.no_grad():  # else the masked weight's autograd node keeps a float copy of the mask
-                if self.pattern == "unstructured":
-                    torch_prune.l1_unstructured(m, "weight", amount=self.amount)
-                else:
-                    torch_prune.custom_from_mask(m, "weight", two_four_mask(m.weight.detach()))
-            # torch keeps float masks (the buffer, and custom_from_mask's own): one byte per weight suffices
-            m.weight_mask = m.weight_mask.bool()
-            for hook in m._forward_pre_hooks.values():
-                if isinstance(hook, torch_prune.CustomFromMask):
-                    hook.mask = m.weight_mask
-        zeros = sum(int((m.weight == 0).sum()) for m in layers)
-        total = sum(m.weight.numel() for m in layers)
-
-        def restore():
-            for m in layers:
-                unprune(m, orders[m])
-
-        return Handle(restore, layers=len(layers), sparsity=zeros / max(total, 1))
-
-
-def unprune(module: nn.Module, order: list[str]) -> None:
-    """Undo torch's pruning reparametrization of ``module.weight``: the untouched original becomes the parameter
-    again (torch only offers ``prune.remove``, which keeps the masked values; a saved copy would double memory)."""
-    from torch.nn.utils import prune as torch_prune
-
-    for key, hook in list(module._forward_pre_hooks.items()):
-        if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == "weight":
-            del module._forward_pre_hooks[key]
-    if "weight_orig" in module._parameters:
-        original = module._parameters.pop("weight_orig")
-        module._buffers.pop("weight_mask", None)
-        del module.weight  # the masked product, a plain attribute
-        module.register_parameter("weight", original)
-        parameters = dict(module._parameters)
-        module._parameters.clear()
-        module._parameters.update((k, parameters[k]) for k in order)
-
-
-def two_four_mask(weight: torch.Tensor) -> torch.Tensor:
-    """Mask keeping the 2 largest-magnitude weights of every 4 consecutive inputs of each output."""
-    flat = weight.reshape(weight.shape[0], -1, 4).abs()
-    keep = flat.topk(2, dim=-1).indices
-    mask = torch.zeros_like(flat).scatter_(-1, keep, 1.0)
-    return mask.reshape(weight.shape)
-
-
-def make_permanent(den) -> int:
-    """Fold sparsity masks into plain weights (for saving); returns how many layers were folded."""
-    from torch.nn.utils import prune as torch_prune
-
-    folded = 0
-    for m in den.modules():
-        if torch_prune.is_pruned(m) and hasattr(m, "weight_mask"):
-            torch_prune.remove(m, "weight")
-            folded += 1
-    return folded

@@ -135,8 +135,9 @@ def compress_model(
     ``out_dir/fastdiff_compress.json``. Load the result with ``load_compressed(out_dir)``.
     """
     from fastdiff.compress.lowrank import factored_ranks, merge_factors
-    from fastdiff.compress.prune import config_mismatch, make_permanent
+    from fastdiff.compress.prune import config_mismatch
     from fastdiff.compress.prune_dit import transformer_blocks, write_structure
+    from fastdiff.compress.sparsity import make_permanent
     from fastdiff.core.pipeline import FastPipeline
     from fastdiff.core.registry import AcceleratorError
     from fastdiff.core.spec import parse
