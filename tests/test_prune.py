@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from helpers import call, make_fp
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.compress.prune import config_mismatch
+from fastdiff.compress.sparsity import _STATES as sparsity_states
 from fastdiff.compress.sparsity import make_permanent
 
 images = functools.partial(call, steps=2)  # two seeded steps; the other keywords pass through
@@ -184,8 +186,10 @@ def test_sparsity_masks_and_restores(pattern):
     assert all(p is parameters[k] for k, p in fp.denoiser.named_parameters())
     assert list(fp.denoiser.state_dict()) == keys
     assert not np.array_equal(images(fp), before)
+    kept = [weakref.ref(z.removed) for z in sparsity_states[fp.denoiser].layers.values()]
     handle.remove()
     np.testing.assert_array_equal(images(fp), before)
+    assert all(r() is None for r in kept)  # the zeroed values are freed though the handle lives on
     after = dict(fp.denoiser.named_parameters())
     assert list(after) == list(parameters) and all(after[k] is parameters[k] for k in parameters)
     assert not any(m._forward_pre_hooks for m in fp.denoiser.modules())

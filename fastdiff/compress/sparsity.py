@@ -151,11 +151,10 @@ def _restore(den, state: _Sparse) -> None:
     if _STATES.get(den) is not state:  # made permanent, or removed already
         return
     _forget(den, state)
-    with torch.no_grad():
-        for m, z in reversed(
-            state.layers.items()
-        ):  # reversed: a weight shared by two layers ends as it began
+    with torch.no_grad():  # reversed: a weight shared by two layers ends as it began
+        for m, z in reversed(state.layers.items()):
             m.weight.masked_scatter_(~z.keep, z.removed)
+    state.layers.clear()  # the handle may live on: hold nothing
 
 
 def make_permanent(den) -> int:
@@ -164,7 +163,9 @@ def make_permanent(den) -> int:
     if state is None:
         return 0
     _forget(den, state)
-    return len(state.layers)
+    count = len(state.layers)
+    state.layers.clear()
+    return count
 
 
 __all__ = ["Sparsity", "make_permanent", "two_four_mask", "magnitude_mask"]
