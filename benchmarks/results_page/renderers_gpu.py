@@ -130,8 +130,14 @@ def r_full_size_cpu(d: dict) -> str:
         parts.append(
             f"Matrix multiply ({probe['size']} x {probe['size']}, {probe['threads']} threads) on this CPU: "
             f"fp32 {probe['fp32_gflops']:.1f} GFLOP/s, bf16 {probe['bf16_gflops']:.2f} GFLOP/s "
-            f"({probe['fp32_gflops'] / probe['bf16_gflops']:.0f}x slower: no AVX512-BF16 or AMX). A bf16 matrix of "
-            "the full-size models would take that much longer here, so bf16 is left to the GPU run."
+            f"({probe['fp32_gflops'] / probe['bf16_gflops']:.0f}x slower: no AVX512-BF16 or AMX). "
+            + (
+                "So the bf16 matrices here run at a small side and one step: whether each accelerator runs in bf16"
+                " and gives the plain output back, not its speed."
+                if any(m["dtype"] == "bf16" for m in d.get("matrix", []))
+                else "A bf16 matrix of the full-size models would take that much longer here, so bf16 is left to"
+                " the GPU run."
+            )
         )
     return "\n\n".join(parts) + (
         "\n\nLatent error: relative L2 distance of the final latents from the same call without the accelerator "
