@@ -116,9 +116,8 @@ def trace_inputs(den: nn.Module, inputs: dict) -> dict:
     (SD 1.5 at 512 px: about 7 GB).
     """
     batch = inputs["sample"].shape[0]
-    side = 2 ** len(
-        den.config.down_block_types
-    )  # twice the total downsampling: every level sees 2 x 2 or more
+    # twice the total downsampling: every level sees 2 x 2 or more
+    side = 2 ** len(den.config.down_block_types)
 
     def one(value):
         if isinstance(value, dict):
