@@ -67,7 +67,7 @@ class _Zeroed:
 @dataclass
 class _Sparse:
     layers: dict[nn.Module, _Zeroed]
-    hook: Handle | None = None
+    hook: Handle
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # denoiser -> _Sparse
@@ -144,8 +144,7 @@ class Sparsity(Accelerator):
                 keep = two_four_mask(w) if self.pattern == "2:4" else magnitude_mask(w, self.amount)
                 zeroed[m] = _Zeroed.of(w, keep)
                 w.masked_fill_(~keep, 0)
-        state = _Sparse(zeroed)
-        state.hook = install_hook(den, _KeepZeros(zeroed), HOOK)
+        state = _Sparse(zeroed, install_hook(den, _KeepZeros(zeroed), HOOK))
         _STATES[den] = state
         zeros = sum(int((m.weight == 0).sum()) for m in layers)
         total = sum(m.weight.numel() for m in layers)

@@ -153,11 +153,12 @@ def clip_fd_floor(real_train: np.ndarray, test_windows: np.ndarray, classifier, 
 
 
 def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np.ndarray,
-                  real_train: np.ndarray, seed: int = 0) -> dict[str, float]:  # fmt: skip
+                  real_train: np.ndarray, seed: int = 0, floor: float | None = None) -> dict[str, float]:  # fmt: skip
     """Per-frame digit accuracy, direction accuracy, FD over frames (and its floor), temporal consistency.
 
     ``reference``: the digits reference's ``ReferenceEval`` (its classifier); ``real_test`` / ``real_train``:
-    real clips (N, F, H, W) for the FD and the temporal scale.
+    real clips (N, F, H, W) for the FD and the temporal scale; ``floor``: ``clip_fd_floor`` for this many clips
+    and ``seed`` if already known (it depends on nothing else; the scorer caches it).
     """
     from fastdiff.eval.quality import accuracy, fd
 
@@ -168,11 +169,13 @@ def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np
     moved = motion_directions(gray)
     classifier = reference.classifier
     real_change = temporal_change(real_test)
+    if floor is None:
+        floor = clip_fd_floor(real_train, test_windows, classifier, clips=len(gray), seed=seed)
     return {
         "accuracy": accuracy(windows, digits, classifier),
         "direction_accuracy": float(np.mean([m == direction_of(p) for m, p in zip(moved, prompts)])),
         "fd": fd(windows, test_windows, classifier),
-        "fd_floor": clip_fd_floor(real_train, test_windows, classifier, clips=len(gray), seed=seed),
+        "fd_floor": floor,
         "temporal_change": temporal_change(gray),
         "temporal_ratio": temporal_change(gray) / real_change,
     }
