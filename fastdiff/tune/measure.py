@@ -1,12 +1,13 @@
 """Measuring one candidate for the tuner: ``fastdiff bench``'s own ``run_bench``, cached on disk.
 
-Every measurement is one ``run_bench`` call on a shared pipeline (same inputs from ``make_inputs``, same seed,
-same timing and quality code as ``fastdiff bench``); the images of the timed call are kept so PSNR/SSIM are
-computed against the baseline's images at the same size (``fastdiff.eval.fidelity``, as bench does).
+Every measurement is one ``run_bench`` call on a shared pipeline (same inputs from ``make_inputs``, same
+timing and quality code as ``fastdiff bench``), on the measurer's seed or on the seed a call names (the tuner
+selects on one seed and reports on another); the images of the timed call are kept so PSNR/SSIM are computed
+against the baseline's images of the same size and seed (``fastdiff.eval.fidelity``, as bench does).
 Results are cached as JSON under ``cache_dir``, keyed by the spec, the model's hash, the fastdiff version and
-the measurement settings (images, guidance, seed, runs, warm-up, threads, steps) and, for candidates, the
-baseline (their PSNR/SSIM are against its images), so an interrupted search
-resumes where it stopped. Cached timings come from the run that made them.
+the measurement settings (images, guidance, the seed of that measurement, runs, warm-up, threads, steps) and,
+for candidates, the baseline (their PSNR/SSIM are against its images), so an interrupted search resumes where
+it stopped and measurements on two seeds never mix. Cached timings come from the run that made them.
 
 Example::
 
@@ -16,6 +17,7 @@ Example::
     base = m.measure("scheduler(name=dpm++2m,steps=20)", images=100, baseline=True)
     row = m.measure("scheduler(name=unipc,steps=5)", images=100)
     print(row["cpu_seconds_median"], row["accuracy"], row["psnr"])
+    m.measure("scheduler(name=dpm++2m,steps=20)", images=100, baseline=True, seed=1)  # another sample
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class Measurer:
         self.model_hash = model_hash(self.model)
         self.version = fastdiff_version()
         self.cache_dir = Path(cache_dir) / self.model_hash[:16] if cache_dir else None
-        self.references: dict[int, np.ndarray] = {}
+        self.references: dict[tuple[int, int], np.ndarray] = {}  # (seed, images) -> the baseline's images
         self.baseline_spec: str | None = None
         self.hits = 0
         self.runs = 0
@@ -139,55 +141,60 @@ class Measurer:
         call = make_inputs(self.fp.pipe, 1, self.guidance)  # batched branches, or one call per branch (Wan)
         return cfg_enabled(self.fp.pipe, call) or separate_cfg(self.fp.pipe, call)
 
-    def key(self, spec: str, images: int, baseline: bool = False) -> str:
-        # a candidate's PSNR/SSIM are against the baseline's images, so its key names the baseline too
+    def key(self, spec: str, images: int, baseline: bool = False, seed: int | None = None) -> str:
+        # a candidate's PSNR/SSIM are against the baseline's images, so its key names the baseline too; the
+        # seed is that of this measurement (the settings' seed unless another is named), so samples never mix
         versus = None if baseline else self.baseline_spec
         blob = {"spec": spec, "model": self.model_hash, "fastdiff": self.version, "images": images,
-                "paths": _fingerprint(spec), "versus": versus, **self.settings}  # fmt: skip
+                "paths": _fingerprint(spec), "versus": versus, **self.settings,
+                "seed": self.settings["seed"] if seed is None else seed}  # fmt: skip
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:32]
 
-    def measure(self, spec: str, images: int, baseline: bool = False) -> dict[str, Any]:
-        """The row of ``spec`` on ``images`` images (cached); the baseline's images become the PSNR reference."""
+    def measure(
+        self, spec: str, images: int, baseline: bool = False, seed: int | None = None
+    ) -> dict[str, Any]:
+        """The row of ``spec`` on ``images`` images (cached), on ``seed`` (default: the settings' seed); the
+        baseline's images become the PSNR reference for that image count and seed."""
+        seed = self.settings["seed"] if seed is None else seed
         if baseline:
             if self.baseline_spec not in (None, spec):
                 self.references.clear()  # another baseline: its images become the reference
             self.baseline_spec = spec
-        key = self.key(spec, images, baseline)
-        cached = self._load(key, baseline)
+        key = self.key(spec, images, baseline, seed)
+        cached = self._load(key, baseline, seed)
         if cached is not None:
             self.hits += 1
             return cached
         from fastdiff.eval.bench import run_bench
         from fastdiff.eval.fidelity import psnr, ssim
 
-        if not baseline and images not in self.references:
-            raise RuntimeError(f"measure the baseline at {images} images first")
+        if not baseline and (seed, images) not in self.references:
+            raise RuntimeError(f"measure the baseline at {images} images on seed {seed} first")
         s = self.settings
         try:
             with _quiet_bench_bars():
-                result = run_bench(self.fp, [(spec, spec)], steps=s["steps"], runs=s["runs"], seed=s["seed"],
+                result = run_bench(self.fp, [(spec, spec)], steps=s["steps"], runs=s["runs"], seed=seed,
                                    threads=s["threads"], batch=images, guidance=self.guidance, warmup=s["warmup"])  # fmt: skip
         except (ValueError, RuntimeError, FloatingPointError) as error:  # refused or failed: not cached
             self.fp.remove_all()
             if baseline:
                 raise
-            return {"spec": spec, "images": images, "error": f"{type(error).__name__}: {error}"}
+            return {"spec": spec, "images": images, "seed": seed, "error": f"{type(error).__name__}: {error}"}
         self.runs += 1
         full = result["configs"][0]
-        row = {"spec": spec, "images": images, **{k: full[k] for k in KEEP if full.get(k) is not None}}
+        row = {"spec": spec, "images": images, "seed": seed,
+               **{k: full[k] for k in KEEP if full.get(k) is not None}}  # fmt: skip
         shot = self.fp.__dict__.pop("last_images")
         if baseline:
             row["is_baseline"] = True
-            self.references[images] = shot
+            self.references[seed, images] = shot
         else:
-            row["psnr"], row["ssim"] = (
-                psnr(shot, self.references[images]),
-                ssim(shot, self.references[images]),
-            )
+            reference = self.references[seed, images]
+            row["psnr"], row["ssim"] = psnr(shot, reference), ssim(shot, reference)
         self._store(key, row, shot if baseline else None)
         return row
 
-    def _load(self, key: str, baseline: bool) -> dict | None:
+    def _load(self, key: str, baseline: bool, seed: int) -> dict | None:
         if self.cache_dir is None or not (self.cache_dir / f"{key}.json").is_file():
             return None
         row = json.loads((self.cache_dir / f"{key}.json").read_text())
@@ -195,7 +202,8 @@ class Measurer:
             images_file = self.cache_dir / f"{key}.npy"
             if not images_file.is_file():
                 return None
-            self.references[row["images"]] = np.load(images_file)
+            self.references[seed, row["images"]] = np.load(images_file)
+        row["seed"] = seed  # the key names it (rows cached before rows carried their seed lack it)
         row["cached"] = True
         return row
 
