@@ -9,12 +9,18 @@ images, up to the full measurement, where the budget is judged without slack; if
 there, the next plausible candidates of the last screening rung are measured in full, a few at a time (backfill). Speed is process CPU time per
 call (``timing="cpu"``, the steadier figure on a shared machine) or wall time.
 
+All of that runs on the selection ``seed``. The pick's figures there are biased upwards (it won on that
+sample), so the baseline, the pick and the frontier are then measured again on ``report_seed``, with the full
+image count (``fastdiff.tune.report``): the result carries both (``selection``, ``report``) and whether the pick
+still meets each budget on the report seed. The pick is never changed by the report.
+
 Example::
 
     from fastdiff.tune import tune
 
     result = tune("/tmp/digits", ["accuracy>=-1 point"], guidance=2.0, cache_dir="/tmp/tune-cache")
-    print(result["best"]["spec"], result["best"]["speedup"])
+    print(result["best"]["spec"], result["best"]["speedup"])  # selection seed (0): the figures it was picked on
+    print(result["report"]["best"]["speedup"], result["report"]["within_budget"])  # report seed (1)
     # FastPipeline.from_pretrained("/tmp/digits", accelerators=result["best"]["spec"])
 """
 
@@ -30,20 +36,31 @@ from tqdm.auto import tqdm
 
 from fastdiff.tune.budget import VS_BASELINE, Budget, parse_budgets, slack_for
 from fastdiff.tune.measure import Measurer
+from fastdiff.tune.report import figures, report_on, verdicts
 from fastdiff.tune.space import Space, baseline_spec, default_space, family_of, load_space
 
 
 def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = None, baseline: str | None = None,
          time_limit: float | None = None, cache_dir: str | Path | None = None, guidance: float | None = None,
          seed: int = 0, threads: int | None = 1, steps: int | None = 20, timing: str = "cpu",
-         progress: bool = True) -> dict[str, Any]:  # fmt: skip
+         progress: bool = True, report_seed: int = 1) -> dict[str, Any]:  # fmt: skip
     """Search ``space`` on ``model`` for the fastest spec within ``budgets`` (strings or Budget objects).
 
+    The search (every rung, budget check and the pick) runs on ``seed``; the baseline, the pick and the
+    frontier are then measured again on ``report_seed`` (must differ from ``seed``) at the full image count.
     ``time_limit`` (minutes) stops starting new measurements; the answer then comes from what was measured in
-    full. Returns a JSON-able dict: ``best`` (spec, speedup, metrics), ``frontier``, ``candidates``,
-    ``baseline``, ``rungs``, ``pruned``, ``search_seconds``, ``complete``.
+    full (the baseline and the pick are still measured on the report seed). Returns a JSON-able dict: ``best``
+    (spec, speedup, metrics, per-budget ``verdicts``), ``frontier``, ``baseline`` (these three on the selection
+    seed), ``seeds``, ``selection`` and ``report`` (the figures on each seed; ``report["within_budget"]``: whether
+    the pick meets every budget on the report seed), ``candidates``, ``rungs``, ``pruned``, ``counts`` (of the
+    search; the report's are in ``report["counts"]``), ``search_seconds``, ``complete``.
     """
     start = time.perf_counter()
+    if report_seed == seed:
+        raise ValueError(
+            f"the report seed equals the selection seed ({seed}): the pick is reported on a second sample, "
+            "give a different report seed"
+        )
     if timing not in ("cpu", "wall"):
         raise ValueError(f"timing must be 'cpu' or 'wall', got {timing!r}")
     if time_limit is not None and time_limit <= 0:
@@ -108,7 +125,6 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         batch, reserve = reserve[: settings["min_keep"]], reserve[settings["min_keep"] :]
         bar.total += len(batch)
         complete = run_rung(batch, full)
-    bar.close()
 
     base_full = dict(base_rows[full], name="baseline")
     measured = [rows[s][full] for s in candidates if full in rows[s] and "error" not in rows[s][full]]
@@ -119,11 +135,26 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
     best = (
         min(feasible, key=lambda r: r[speed]) if feasible else None
     )  # an absolute budget the baseline misses
+    frontier = pareto([base_full, *measured], budgets, speed)
+    if best is not None:
+        best = {"spec": best["spec"], "speedup": best["speedup"], **figures(best, speed),
+                "verdicts": verdicts(best, base_full, budgets)}  # fmt: skip
+    search_seconds, counts = time.perf_counter() - start, (measurer.runs, measurer.hits)
+
+    def step(spec: str) -> None:
+        bar.total += 1
+        bar.set_postfix_str(f"report seed {report_seed} {spec[:50]}")
+        bar.update()
+
+    report = report_on(measurer, report_seed, space.baseline, best and best["spec"], frontier, budgets, full,
+                       speed, deadline, step)  # fmt: skip
+    bar.close()
     return {
         "model": str(model),
         "model_hash": measurer.model_hash,
         "fastdiff_version": measurer.version,
         "budgets": [str(b) for b in budgets],
+        "seeds": {"selection": seed, "report": report_seed},
         "timing": timing,
         "settings": {**measurer.settings, "images": full},
         "strategy": "grid" if len(rungs) == 1 else "successive-halving",
@@ -131,17 +162,26 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         "space": space.to_dict(),
         "pruned": pruned,
         "baseline": base_full,
-        "best": best and {"spec": best["spec"], "speedup": best["speedup"], **_metrics(best, speed)},
-        "frontier": pareto([base_full, *measured], budgets, speed),
+        "best": best,
+        "frontier": frontier,
+        "selection": {
+            "seed": seed,
+            "images": full,
+            "baseline": {"spec": base_full["spec"], **figures(base_full, speed)},
+            "best": best,
+            "within_budget": None if best is None else best["within_budget"],
+            "frontier": frontier,
+        },
+        "report": report,
         "candidates": [{"spec": s, "measurements": list(rows[s].values())} for s in candidates if rows[s]],
         "counts": {
             "candidates": len(candidates),
-            "measurements": measurer.runs,
-            "cache_hits": measurer.hits,
+            "measurements": counts[0],
+            "cache_hits": counts[1],
             "full_measurements": len(measured),
         },  # fmt: skip
         "complete": complete,
-        "search_seconds": time.perf_counter() - start,
+        "search_seconds": search_seconds,
     }
 
 
@@ -227,18 +267,8 @@ def pareto(rows: list[dict], budgets: list[Budget], speed: str) -> list[dict]:
         dominated = any(all(a <= b for a, b in zip(w, v)) and any(a < b for a, b in zip(w, v))
                         for j, w in enumerate(vectors) if j != i)  # fmt: skip
         if not dominated:
-            front.append({"spec": rows[i]["spec"], "speedup": rows[i]["speedup"], **_metrics(rows[i], speed)})
+            front.append({"spec": rows[i]["spec"], "speedup": rows[i]["speedup"], **figures(rows[i], speed)})
     return sorted(front, key=lambda r: r["seconds"])
-
-
-def _metrics(row: dict, speed: str) -> dict:
-    keys = ("accuracy", "fd", "fd_floor", "ode_error", "psnr", "ssim", "denoiser_calls", "within_budget")
-    out = {
-        "seconds": row[speed],
-        "cpu_seconds": row.get("cpu_seconds_median"),
-        "wall_seconds": row.get("seconds_median"),
-    }
-    return out | {k: row[k] for k in keys if row.get(k) is not None}
 
 
 def side_by_side(model: str | Path, configs: list[tuple[str, str]], images: int | None = None,
