@@ -80,7 +80,46 @@ def test_families_without_facts_are_refused_naming_the_block(name):
     assert fp.accelerators == ()
 
 
-def test_fit_teacache_command_fits_at_the_guidance_asked_and_blockcache_reads_the_fit(tmp_path):
+def computed_and_changes(fp, spec: str | None, steps: int = 8) -> tuple[list[int], list[float]]:
+    """One call of ``fp`` under ``spec`` (None: none): the steps whose blocks ran (the last block's attention
+    computed) and, per step after the first, the relative L1 change of the first block's modulated input
+    (SD3's ``norm1``, computed here from the block's inputs on every step, skipped or not)."""
+    blocks = fp.denoiser.transformer_blocks
+    modulated, computed = {}, []
+
+    def on_first(module, args, kwargs):  # a torch pre-hook: runs whether or not blockcache skips the block
+        modulated[fp.context.step] = module.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0]
+
+    hooks = [blocks[0].register_forward_pre_hook(on_first, with_kwargs=True),
+             blocks[-1].attn.to_q.register_forward_pre_hook(lambda *_: computed.append(fp.context.step))]  # fmt: skip
+    handle = fp.accelerate(spec) if spec else None
+    try:
+        call(fp.pipe, fp, steps=steps)
+    finally:
+        if handle is not None:
+            handle.remove()
+        for hook in hooks:
+            hook.remove()
+    changes = [
+        ((modulated[k] - modulated[k - 1]).abs().mean() / modulated[k - 1].abs().mean()).item()
+        for k in range(1, steps)
+    ]
+    return computed, changes
+
+
+def teacache_prediction(changes: list[float], rescale, threshold: float) -> list[int]:
+    """The steps TeaCache computes: the first and the last, and each step where the rescaled changes summed since
+    the last computed step reach ``threshold``."""
+    computed, total = [0], 0.0
+    for step, change in enumerate(changes, start=1):
+        total += float(rescale(change))
+        if total >= threshold or step == len(changes):
+            computed.append(step)
+            total = 0.0
+    return computed
+
+
+def test_fit_teacache_command_fits_at_the_guidance_asked_and_its_fit_decides_the_skipped_steps(tmp_path):
     from fastdiff.cli.main import main
 
     pipe = make_pipeline("tiny-sd3")
@@ -96,7 +135,24 @@ def test_fit_teacache_command_fits_at_the_guidance_asked_and_blockcache_reads_th
     assert (
         np.isfinite(low["rms_error"]) and low["coefficients"] != high["coefficients"]
     )  # guidance reached the calls
+    constant = tmp_path / "constant.json"  # a rescaling that ignores the change: 0.2 a step
+    constant.write_text(json.dumps({"model": "SD3Transformer2DModel", "coefficients": [0.2]}))
     fp = FastPipeline.from_pretrained(tmp_path / "model")
     fp.set_progress_bar_config(disable=True)
-    fp.accelerate(f"blockcache(mode=teacache,threshold=0.5,fit={tmp_path / 'fit-5.0.json'})")
-    assert np.isfinite(call(fp.pipe, fp)).all()
+    threshold = 0.5  # on these 8 steps the summed changes stay >= 0.017 from it, fitted or not
+    plain, _ = computed_and_changes(fp, None)
+    assert plain == list(range(8))
+    runs = {}
+    for name, fit, rescale in (
+        ("none", None, np.poly1d([1.0, 0.0])),  # no fit: the change as it is
+        ("fit", tmp_path / "fit-5.0.json", np.poly1d(high["coefficients"])),
+        ("constant", constant, np.poly1d([0.2])),
+    ):
+        spec = f"blockcache(mode=teacache,threshold={threshold}" + (f",fit={fit})" if fit else ")")
+        computed, changes = computed_and_changes(fp, spec)
+        # the steps its rescaling predicts from the changes the call saw
+        assert computed == teacache_prediction(changes, rescale, threshold), name
+        runs[name] = computed
+    # the tiny model's raw changes (about 0.04 a step) never sum to 0.5; its fit rescales them to 0.26-0.46
+    assert runs["none"] == [0, 7] and runs["fit"] == [0, 2, 4, 6, 7]
+    assert runs["constant"] == [0, 3, 6, 7]  # 0.2, 0.4, then 0.6 >= 0.5: every third step
