@@ -58,19 +58,37 @@ def test_clips_move_the_digit_edge_to_edge_and_the_metrics_read_real_clips():
     assert len(md.bench_prompts()) == 80 and len(set(md.bench_prompts())) == 80
 
 
-def test_fd_floor_draws_whole_clips_and_sits_above_a_floor_of_loose_frames():
-    from fastdiff.eval.quality import fd, fd_floor
+def test_floor_matches_the_prompts_clip_for_clip_and_the_ratio_carries_an_interval():
+    from fastdiff.eval.floor import matched_draw
+    from fastdiff.eval.quality import fd
 
     ref = load_reference_eval(DATA_DIR)
-    train, test = md.make_clips(ref.x_train)[0], md.digit_windows(md.make_clips(ref.x_test[:60])[0])
-    floor = md.clip_fd_floor(train, test, ref.classifier, clips=40, seed=3, draws=3)
-    draws = [fd(md.digit_windows(train[np.random.default_rng(3 + d).choice(len(train), 40, replace=False)]), test,
-                ref.classifier) for d in range(3)]  # fmt: skip
-    assert floor == pytest.approx(float(np.median(draws)))
-    # 40 clips are 40 digits: as many loose frames (9x the digits) reach a much lower FD
-    assert floor > 2 * fd_floor(md.digit_windows(train), test, ref.classifier, n=40 * md.FRAMES, seed=3)
-    with pytest.raises(ValueError, match="clips must be in 2"):
-        md.clip_fd_floor(train, test, ref.classifier, clips=1)
+    # every digit in every direction, and digits 0-9 twice
+    prompts = md.bench_prompts()[:40] + md.bench_prompts()[:10]
+    digits = [md.digit_of(p) for p in prompts]
+    clips = md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=3)
+    idx, distinct = matched_draw(np.array(digits), ref.y_train, np.random.default_rng(3))
+    # same count and mix: clip i is a distinct train image of prompt i's digit, moving prompt i's way
+    assert distinct and len(set(idx.tolist())) == len(prompts) and list(ref.y_train[idx]) == digits
+    expected = [md.make_clip(ref.x_train[i, 0], md.direction_of(p)) for i, p in zip(idx, prompts)]
+    assert np.array_equal(clips, np.stack(expected))
+    assert md.motion_directions(clips) == [md.direction_of(p) for p in prompts]
+    other = md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=4)
+    assert not np.array_equal(clips, other)  # each draw is a new sample of the same mix
+    draws = md.clip_floor_draws(prompts, ref.x_train, ref.y_train, ref.classifier, seed=3, draws=3)
+    assert [tuple(d.shape[:2]) for d in draws] == [(len(prompts), md.FRAMES)] * 3
+    test = md.make_clips(ref.x_test[:60])[0]
+    first = fd(md.digit_windows(clips), md.digit_windows(test), ref.classifier)
+    scores = md.video_metrics(test[: len(prompts)], prompts, ref, test, seed=3, floor_draws=draws)
+    # draw 0 is one of the three
+    assert scores["fd_floor_low"] - 1e-3 <= first <= scores["fd_floor_high"] + 1e-3
+    assert scores["fd_floor_low"] <= scores["fd_floor"] <= scores["fd_floor_high"]
+    assert scores["fd_ratio"] == pytest.approx(scores["fd"] / scores["fd_floor"], rel=1e-4)
+    assert scores["fd_ratio_low"] < scores["fd_ratio"] < scores["fd_ratio_high"]
+    with pytest.raises(ValueError, match="at least 2 clips"):
+        md.clip_floor_draws(prompts[:1], ref.x_train, ref.y_train, ref.classifier)
+    with pytest.raises(ValueError, match="no real item of class"):
+        matched_draw(np.array([3, 11]), ref.y_train, np.random.default_rng(0))
 
 
 def test_training_context_is_the_pipelines_512_zero_tokens_exactly(toy):
@@ -105,14 +123,17 @@ def test_toy_build_reloads_as_a_wan_pipeline_generates_clips_and_is_scored(toy):
     assert frames.shape == (4, md.FRAMES, md.CANVAS, md.CANVAS, 3) and np.isfinite(frames).all()
     scores = quality_for(pipe)(pipe, {"prompt": prompts}, frames)
     assert set(scores) == {
-        "accuracy",
-        "direction_accuracy",
-        "fd",
-        "fd_floor",
-        "temporal_change",
-        "temporal_ratio",
-    }
-    assert 0.0 <= scores["accuracy"] <= 1.0 and scores["fd"] > 0 and scores["fd_floor"] > 0
+        "accuracy", "direction_accuracy", "fd", "fd_floor", "fd_floor_low", "fd_floor_high", "fd_floor_draws",
+        "fd_ratio", "fd_ratio_low", "fd_ratio_high", "temporal_change", "temporal_ratio",
+    }  # fmt: skip
+    # the toy draws noise: its clips match neither digit nor direction, far above the like-for-like floor
+    assert scores["fd_ratio_low"] > 1
+    toy_ref = load_reference_eval(toy)
+    real = md.matched_real_clips(prompts, toy_ref.x_train, toy_ref.y_train, seed=0)
+    real_frames = np.repeat(real[..., None], 3, -1)
+    real_scores = quality_for(pipe)(pipe, {"prompt": prompts}, real_frames)
+    assert real_scores["accuracy"] == 1.0 and real_scores["direction_accuracy"] == 1.0
+    assert real_scores["fd"] < scores["fd"] and real_scores["fd_ratio"] < scores["fd_ratio"]
     report = json.loads((toy / "eval" / "report.json").read_text())
     assert (
         report["kind"] == "moving-digits" and report["transformer"]["steps"] == 3 and report["images"] == 12

@@ -28,6 +28,8 @@ from fastdiff.eval.classifier import (
     load_classifier,
     to_classifier_input,
 )
+from fastdiff.eval.fd_spread import classifier_features
+from fastdiff.eval.floor import FLOOR_DRAWS, matched_draw, ratio_to_floor
 from fastdiff.eval.registry import register_quality
 
 
@@ -92,6 +94,8 @@ class ReferenceEval:
     y_test: np.ndarray
     _metric: FrechetInceptionDistance | None = None
     _floors: dict[tuple[int, int], float] = field(default_factory=dict)
+    _matched: dict[tuple[bytes, int], tuple[list[torch.Tensor], bool]] = field(default_factory=dict)
+    _test_features: torch.Tensor | None = None
 
     def fd_to_test(self, images) -> float:
         """FD of ``images`` vs the test split (test features are computed once and kept)."""
@@ -110,6 +114,36 @@ class ReferenceEval:
         if key not in self._floors:
             self._floors[key] = fd_floor(self.x_train, self.x_test, self.classifier, n=key[0], seed=seed)
         return self._floors[key]
+
+    def test_features(self) -> torch.Tensor:
+        """Classifier features of the test split (computed once)."""
+        if self._test_features is None:
+            self._test_features = classifier_features(self.x_test, self.classifier)
+        return self._test_features
+
+    def matched_floor_draws(
+        self, labels, seed: int = 0, draws: int = FLOOR_DRAWS
+    ) -> tuple[list[torch.Tensor], bool]:
+        """Features of ``draws`` like-for-like real samples for generated ``labels`` (one distinct train image of
+        the same digit per generated image), cached; and whether every draw's images are distinct."""
+        labels = np.asarray(labels).reshape(-1)
+        key = (labels.tobytes(), seed)
+        if key not in self._matched:
+            picks = [
+                matched_draw(labels, self.y_train, np.random.default_rng(seed + d)) for d in range(draws)
+            ]
+            features = [classifier_features(self.x_train[idx], self.classifier) for idx, _ in picks]
+            self._matched[key] = features, all(distinct for _, distinct in picks)
+        return self._matched[key]
+
+    def floor_stats(self, images, labels, seed: int = 0) -> dict:
+        """FD floor of a like-for-like real sample of ``labels`` and the ratio FD / floor with its interval."""
+        draws, distinct = self.matched_floor_draws(labels, seed)
+        stats = ratio_to_floor(
+            classifier_features(images, self.classifier), draws, self.test_features(), seed=seed
+        )
+        stats.pop("fd_gen_features")
+        return {**stats, "fd_floor_distinct": distinct}
 
 
 _CACHE: dict[Path, ReferenceEval] = {}
@@ -134,7 +168,9 @@ def load_reference_eval(directory: str | Path) -> ReferenceEval:
 
 @register_quality("ClassConditionalPipeline")
 def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
-    """Accuracy, FD vs the test split, and the FD floor at the same sample count.
+    """Accuracy, FD vs the test split, the like-for-like FD floor (the median over draws of as many distinct real
+    train images of the same digits) and FD / floor with its paired-bootstrap interval
+    (:mod:`fastdiff.eval.floor`).
 
     ``images`` is the pipeline's ``output_type="np"`` output; labels are ``call_kwargs["class_labels"]``.
 
@@ -149,11 +185,8 @@ def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -
     if len(labels) != len(images):
         raise ValueError(f"got {len(images)} images for {len(labels)} class_labels")
     ref = load_reference_eval(pipeline_directory(pipe))
-    return {
-        "accuracy": accuracy(images, labels, ref.classifier),
-        "fd": ref.fd_to_test(images),
-        "fd_floor": ref.fd_floor(len(images), seed=seed),
-    }
+    floor = ref.floor_stats(images, labels, seed)  # its ratio uses the same FD in float64 (equal to 1e-4)
+    return {"accuracy": accuracy(images, labels, ref.classifier), "fd": ref.fd_to_test(images), **floor}
 
 
 @register_quality("StableDiffusion3Pipeline")  # digits-flow

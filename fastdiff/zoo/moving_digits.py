@@ -5,7 +5,7 @@ for 9 frames (16 px in all: edge to edge), left, right, up or down, centred on t
 and the direction ("a handwritten seven moving left"). The metrics read each generated frame the way the
 digits reference reads an image: the 16 px window around the frame's centre of ink goes to the digits
 classifier (per-frame accuracy against the prompt's digit; FD of all windows against the real test clips'
-windows, beside the floor: as many whole real train clips against them), the centre's path gives the motion direction,
+windows, beside the floor: as many whole real train clips of the prompts' digits and directions against them), the centre's path gives the motion direction,
 and the mean frame-to-frame change against the real clips' gives temporal consistency (1.0 = as smooth as
 the real clips; above 1: flicker; below 1: too still).
 
@@ -24,10 +24,10 @@ import re
 import numpy as np
 import torch
 
+from fastdiff.eval.floor import FLOOR_DRAWS
 from fastdiff.zoo.digit_captions import DIGIT_WORDS, caption, digit_of
 
 CANVAS, DIGIT, FRAMES = 32, 16, 9  # Wan takes sides that are multiples of 16
-FLOOR_DRAWS = 5  # clip_fd_floor's median is over this many draws of real clips
 TRAVEL = CANVAS - DIGIT  # 16 px: two per frame step
 DIRECTIONS = ("left", "right", "up", "down")
 _STEP = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}  # (row, column) per frame
@@ -125,41 +125,53 @@ def temporal_change(gray: np.ndarray) -> float:
     return float(np.abs(np.diff(gray, axis=1)).mean())
 
 
-def clip_fd_floor(real_train: np.ndarray, test_windows: np.ndarray, classifier, clips: int, seed: int = 0,
-                  draws: int = FLOOR_DRAWS) -> float:  # fmt: skip
-    """The best FD ``clips`` generated clips can expect: the median over ``draws`` draws of the FD of ``clips``
-    whole real train clips (every frame) against ``test_windows``.
+def matched_real_clips(
+    prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, seed: int = 0
+) -> np.ndarray:
+    """Real clips like-for-like with generated ``prompts``: clip ``i`` is a distinct train image of prompt ``i``'s
+    digit sliding in prompt ``i``'s direction (same count, same digit and direction mix)."""
+    from fastdiff.eval.floor import matched_draw
 
-    Whole clips, not loose frames: a clip's frames show one digit, so ``clips`` clips carry ``clips`` digits
-    however many frames they have, and a floor of as many random frames (about 5x more digits at 9 frames)
-    sits far below what a perfect generator reaches. FD at a few hundred digits moves by 2x between draws,
-    hence the median.
+    digits = np.array([digit_of(p) for p in prompts])
+    idx, _ = matched_draw(digits, np.asarray(y_train), np.random.default_rng(seed))
+    return np.stack([make_clip(x_train[i, 0], direction_of(p)) for i, p in zip(idx, prompts)])
+
+
+def clip_floor_draws(prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, classifier, seed: int = 0,
+                     draws: int = FLOOR_DRAWS) -> list[torch.Tensor]:  # fmt: skip
+    """Classifier features (clips, frames, dim) of ``draws`` like-for-like real samples for ``prompts``
+    (:func:`matched_real_clips`, seeds ``seed``, ``seed + 1``, ...): the floor's side of the ratio.
+
+    Whole clips matched to the prompts, not loose frames: a clip's frames show one digit, so ``n`` clips carry
+    ``n`` digits however many frames they have; a floor of as many random frames (about 5x more digits at 9
+    frames), or of a random mix of digits and directions, sits below what a perfect generator reaches.
 
     Example::
 
-        clip_fd_floor(make_clips(ref.x_train)[0], digit_windows(make_clips(ref.x_test)[0]), ref.classifier, 200)
+        clip_floor_draws(bench_prompts()[:40], ref.x_train, ref.y_train, ref.classifier)
     """
-    from fastdiff.eval.quality import fd
+    from fastdiff.eval.fd_spread import classifier_features
 
-    if not 2 <= clips <= len(real_train):
-        raise ValueError(
-            f"clips must be in 2..{len(real_train)} (the real train clips available), got {clips}"
-        )
-    values = []
+    if len(prompts) < 2:
+        raise ValueError(f"the floor needs at least 2 clips, got {len(prompts)}")
+    out = []
     for draw in range(draws):
-        pick = np.random.default_rng(seed + draw).choice(len(real_train), size=clips, replace=False)
-        values.append(fd(digit_windows(real_train[pick]), test_windows, classifier))
-    return float(np.median(values))
+        clips = matched_real_clips(prompts, x_train, y_train, seed + draw)
+        out.append(classifier_features(digit_windows(clips), classifier).reshape(len(clips), FRAMES, -1))
+    return out
 
 
-def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np.ndarray,
-                  real_train: np.ndarray, seed: int = 0, floor: float | None = None) -> dict[str, float]:  # fmt: skip
-    """Per-frame digit accuracy, direction accuracy, FD over frames (and its floor), temporal consistency.
+def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np.ndarray, seed: int = 0,
+                  floor_draws: list[torch.Tensor] | None = None) -> dict[str, float]:  # fmt: skip
+    """Per-frame digit accuracy, direction accuracy, FD over frames, the like-for-like floor with FD / floor and
+    its interval (:func:`fastdiff.eval.floor.ratio_to_floor`), temporal consistency.
 
-    ``reference``: the digits reference's ``ReferenceEval`` (its classifier); ``real_test`` / ``real_train``:
-    real clips (N, F, H, W) for the FD and the temporal scale; ``floor``: ``clip_fd_floor`` for this many clips
-    and ``seed`` if already known (it depends on nothing else; the scorer caches it).
+    ``reference``: the digits reference's ``ReferenceEval`` (its classifier and train split); ``real_test``: real
+    test clips (N, F, H, W) for the FD and the temporal scale; ``floor_draws``: :func:`clip_floor_draws` for these
+    prompts and ``seed`` if already known (the scorer caches them).
     """
+    from fastdiff.eval.fd_spread import classifier_features
+    from fastdiff.eval.floor import ratio_to_floor
     from fastdiff.eval.quality import accuracy, fd
 
     if len(prompts) != len(gray):
@@ -169,13 +181,17 @@ def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np
     moved = motion_directions(gray)
     classifier = reference.classifier
     real_change = temporal_change(real_test)
-    if floor is None:
-        floor = clip_fd_floor(real_train, test_windows, classifier, clips=len(gray), seed=seed)
+    if floor_draws is None:
+        floor_draws = clip_floor_draws(prompts, reference.x_train, reference.y_train, classifier, seed)
+    fd_value = fd(windows, test_windows, classifier)
+    generated = classifier_features(windows, classifier).reshape(len(gray), gray.shape[1], -1)
+    floor = ratio_to_floor(generated, floor_draws, classifier_features(test_windows, classifier), seed=seed)
+    floor.pop("fd_gen_features")
     return {
         "accuracy": accuracy(windows, digits, classifier),
         "direction_accuracy": float(np.mean([m == direction_of(p) for m, p in zip(moved, prompts)])),
-        "fd": fd(windows, test_windows, classifier),
-        "fd_floor": floor,
+        "fd": fd_value,
+        **floor,
         "temporal_change": temporal_change(gray),
         "temporal_ratio": temporal_change(gray) / real_change,
     }
@@ -206,7 +222,7 @@ def as_video_tensor(clips: np.ndarray) -> torch.Tensor:
 __all__ = [
     "CANVAS", "DIGIT", "FRAMES", "DIRECTIONS", "TEMPLATES", "BENCH_TEMPLATES", "EXTRA_WORDS", "DIGIT_WORDS",
     "make_clip", "make_clips", "video_caption", "direction_of", "training_prompts", "bench_prompts",
-    "gray_frames", "ink_centres", "digit_windows", "motion_directions", "temporal_change", "clip_fd_floor",
-    "video_metrics",
+    "gray_frames", "ink_centres", "digit_windows", "motion_directions", "temporal_change", "matched_real_clips",
+    "clip_floor_draws", "video_metrics",
     "video_metrics_real", "as_video_tensor",
 ]  # fmt: skip

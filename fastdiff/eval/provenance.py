@@ -1,0 +1,105 @@
+"""Where a figure came from: the command, commit, date, device, threads and machine load of a run.
+
+Every results file carries this record (``python -m benchmarks.results_page --check`` refuses files without it),
+and a timing taken on a busy machine is refused rather than recorded: ``check_load`` raises when the load average,
+less the run's own threads, is above the limit the benchmark names.
+
+Example::
+
+    from fastdiff.eval.provenance import check_load, provenance
+
+    check_load(max_load=0.5)          # raises LoadError on a busy machine
+    record = provenance()             # {"command": ..., "commit": ..., "date": ..., "device": ..., "load": ...}
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+PROVENANCE_KEYS = ("command", "commit", "date", "device", "load")
+
+
+class LoadError(RuntimeError):
+    """The machine is busier than a benchmark allows: its timings would not compare."""
+
+
+def load_average() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def check_load(max_load: float | None, own_threads: int = 0) -> float:
+    """The load average now; ``LoadError`` when it exceeds ``max_load`` plus the run's ``own_threads``."""
+    load = load_average()
+    if max_load is not None and load - own_threads > max_load:
+        raise LoadError(
+            f"load average {load:.2f} (less this run's {own_threads} threads: {load - own_threads:.2f}) is above "
+            f"max_load {max_load}: other work is running, so timings would not compare; wait or raise --max-load"
+        )
+    return load
+
+
+def command_line() -> str:
+    """The command that started this process, as typed (``python -m ...`` or the console script's name)."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if argv and Path(argv[0]).name.startswith("python"):
+        argv[0] = "python"
+    elif argv:
+        argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
+
+
+def git_commit(directory: str | Path | None = None) -> str:
+    """HEAD of the checkout holding this package (``-dirty`` when tracked files differ); "unknown" outside git."""
+    where = str(directory or Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def device_name() -> str:
+    """The GPU's name when CUDA is in use, else the CPU's model and core count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores (CPU)"
+
+
+def provenance(command: str | None = None, load_start: float | None = None) -> dict:
+    """The provenance record of a run finishing now; ``load_start``: the load average when it began."""
+    end = load_average()
+    return {
+        "command": command or command_line(),
+        "commit": git_commit(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(),
+        "threads": torch.get_num_threads(),
+        "load": {"start": round(load_start if load_start is not None else end, 2), "end": round(end, 2)},
+    }
+
+
+__all__ = ["PROVENANCE_KEYS", "LoadError", "load_average", "check_load", "command_line", "git_commit",
+           "device_name", "provenance"]  # fmt: skip
