@@ -1,10 +1,11 @@
 """fastdiff tune: budgets, spaces (validation, conflict pruning), the search on the shipped digits model
-(grid and successive halving, resumable cache, frontier), and the command line."""
+(grid and successive halving, resumable cache, frontier), the report on a second seed, and the command line."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -175,6 +176,13 @@ def test_grid_search_finds_fastest_within_budget(digits, tmp_path):
                         r["accuracy"] >= base["accuracy"] - 0.05]  # fmt: skip
     assert not faster_in_budget
     assert any(r["spec"] == best["spec"] for r in result["frontier"])
+    assert result["seeds"] == {"selection": 0, "report": 1} and result["selection"]["best"] == best
+    assert {m["seed"] for m in [*rows, base]} == {0}  # every search measurement is on the selection seed
+    report = result["report"]
+    assert report["seed"] == 1 and report["images"] == 20 and report["best"]["spec"] == best["spec"]
+    assert [r["spec"] for r in report["frontier"]] == [r["spec"] for r in result["frontier"]]
+    remeasured = {base["spec"], best["spec"], *(r["spec"] for r in result["frontier"])}
+    assert report["counts"] == {"measurements": len(remeasured), "cache_hits": 0} and report["complete"]
     fp = FastPipeline.from_pretrained(digits, accelerators=best["spec"])  # the answer is a loadable spec
     assert [str(c) for c in fp.accelerators] == [s for s in best["spec"].split(";")] or best["spec"] == base[
         "spec"
@@ -194,8 +202,14 @@ def test_successive_halving_and_resume(digits, tmp_path):
     again = tune(digits, ["accuracy>=-10 points"], **kwargs)  # resumed from the cache: nothing measured twice
     assert again["counts"]["measurements"] == 0 and again["counts"]["cache_hits"] == 15 + 5 + 2
     assert again["best"]["spec"] == first["best"]["spec"]
+    hits = sum(first["report"]["counts"].values())  # the report seed's rows come from the cache too
+    assert again["report"]["counts"] == {"measurements": 0, "cache_hits": hits}
+    assert again["report"]["best"] == first["report"]["best"]
     limited = tune(digits, ["fd<=3x"], space=SMALL, guidance=2.0, time_limit=1e-6, progress=False)
     assert not limited["complete"] and limited["best"]["spec"] == limited["baseline"]["spec"]
+    # past the time limit the baseline (here also the pick) is still measured on the report seed
+    assert limited["report"]["best"]["spec"] == limited["baseline"]["spec"]
+    assert limited["report"]["counts"] == {"measurements": 1, "cache_hits": 0}
 
 
 def test_cli(digits, tmp_path, capsys):
@@ -203,10 +217,14 @@ def test_cli(digits, tmp_path, capsys):
     space.write_text(yaml.safe_dump(dict(SMALL, samplers=["unipc"], steps=[3], axes={})))
     out = tmp_path / "best.json"
     main(["tune", str(digits), "--budget", "accuracy>=-5 points", "--space", str(space), "--guidance", "2",
-          "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])  # fmt: skip
+          "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet", "--report-seed", "5"])  # fmt: skip
     result = json.loads(out.read_text())
     assert result["best"]["spec"] in ("scheduler(name=unipc,steps=3)", result["baseline"]["spec"])
-    assert "best:" in capsys.readouterr().out
+    assert result["seeds"] == {"selection": 0, "report": 5}
+    assert result["report"]["best"]["spec"] == result["best"]["spec"]
+    printed = capsys.readouterr().out
+    assert "best:" in printed and "selected on seed 0, reported on seed 5" in printed
+    assert "accuracy>=-5 points: selection holds" in printed
     with pytest.raises(SystemExit, match="unknown metric 'acc'"):
         main(["tune", str(digits), "--budget", "acc>=1", "--out", str(out)])
     with pytest.raises(SystemExit, match="reports no 'ode_error'"):
@@ -282,3 +300,75 @@ def test_guidance_kind_candidates_follow_the_call_also_for_separate_guidance_cal
     model = build("tiny-qwen-image", tmp_path / "qwen", size="test")
     assert Measurer(model, cache_dir=tmp_path / "c", steps=2).cfg
     assert not Measurer(model, cache_dir=tmp_path / "c", guidance=1.0, steps=2).cfg
+
+
+# -- the report on a second seed --------------------------------------------------------------------------------
+
+ONE = dict(SMALL, samplers=["unipc"], steps=[3], axes={}, settings={"images": 10})  # one candidate, 10 images
+
+
+def test_report_figures_come_from_the_report_seed(digits, tmp_path):
+    """The search runs on seed 0, the report on seed 2; the two samples are cached apart (the measurer's cache
+    returns each seed's own rows) and give other figures (other initial noise, other digits)."""
+    from fastdiff.tune.measure import Measurer
+
+    result = tune(digits, ["accuracy>=-20 points"], space=ONE, guidance=2.0, cache_dir=tmp_path, report_seed=2,
+                  progress=False)  # fmt: skip
+    selection, report = result["selection"], result["report"]
+    assert (selection["seed"], report["seed"], report["images"]) == (0, 2, 10)
+    assert report["best"]["spec"] == selection["best"]["spec"] == result["best"]["spec"]
+    assert selection["baseline"]["fd"] != report["baseline"]["fd"]
+    assert selection["best"]["fd"] != report["best"]["fd"]
+    m = Measurer(digits, cache_dir=tmp_path, guidance=2.0)
+    spec = result["baseline"]["spec"]
+    assert m.key(spec, 10, True) == m.key(spec, 10, True, seed=0) != m.key(spec, 10, True, seed=2)
+    again = {seed: m.measure(spec, 10, baseline=True, seed=seed) for seed in (0, 2)}
+    assert (m.runs, m.hits) == (0, 2)  # both samples were cached, each under its own seed
+    assert again[0]["fd"] == selection["baseline"]["fd"] and again[2]["fd"] == report["baseline"]["fd"]
+    assert again[2]["seed"] == 2 and not np.array_equal(m.references[0, 10], m.references[2, 10])
+
+
+def test_a_pick_that_misses_on_the_report_seed_is_reported_not_replaced(
+    digits, tmp_path, monkeypatch, capsys
+):
+    """Candidates lose 50 points of accuracy on the report seed (a stand-in for a pick that was lucky on the
+    selection sample): the pick stays, its verdict on the report seed says it misses, the table says so."""
+    from fastdiff.tune.measure import Measurer
+
+    measure = Measurer.measure
+
+    def worse_on_seed_1(self, spec, images, baseline=False, seed=None):
+        row = measure(self, spec, images, baseline, seed)
+        return (
+            dict(row, accuracy=row["accuracy"] - 0.5)
+            if seed == 1 and "accuracy" in row and not baseline
+            else row
+        )
+
+    monkeypatch.setattr(Measurer, "measure", worse_on_seed_1)
+    out = tmp_path / "best.json"
+    main(["tune", str(digits), "--budget", "accuracy>=-20 points", "--space", str(_write(tmp_path, ONE)),
+          "--guidance", "2", "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])  # fmt: skip
+    result = json.loads(out.read_text())
+    pick, report = result["best"], result["report"]
+    assert pick["spec"] == "scheduler(name=unipc,steps=3)" and pick["within_budget"]
+    assert pick["verdicts"]["accuracy>=-20 points"]["holds"]
+    assert report["best"]["spec"] == pick["spec"] and report["within_budget"] is False  # not re-picked
+    verdict = report["best"]["verdicts"]["accuracy>=-20 points"]
+    assert not verdict["holds"] and verdict["value"] == report["best"]["accuracy"] <= 0.5
+    assert verdict["threshold"] == pytest.approx(report["baseline"]["accuracy"] - 0.2)
+    assert result["frontier"][0]["within_budget"] and not report["frontier"][0]["within_budget"]
+    printed = capsys.readouterr().out
+    assert "selection holds" in printed and "report MISSES" in printed
+    assert "misses the budget on the report seed 1" in printed
+
+
+def test_equal_seeds_are_refused(digits, tmp_path):
+    with pytest.raises(ValueError, match="report seed equals the selection seed"):
+        tune(digits, ["accuracy>=-1 point"], seed=3, report_seed=3, progress=False)
+    command = ["tune", str(digits), "--budget", "accuracy>=-1 point", "--out", str(tmp_path / "x")]
+    with pytest.raises(SystemExit, match="--report-seed 1 equals --seed 1"):  # the default report seed is 1
+        main([*command, "--seed", "1"])
+    with pytest.raises(SystemExit, match="--report-seed 4 equals --seed 4"):
+        main([*command, "--seed", "4", "--report-seed", "4"])
+    assert not (tmp_path / "x").exists()
