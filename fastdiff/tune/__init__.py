@@ -4,14 +4,17 @@
 - ``space.py``: search spaces (sampler x steps x accelerator options, models such as distilled students) as
   YAML-able data, with a default per model family (digits, unet, dit, samplers);
 - ``measure.py``: one candidate measured with ``fastdiff bench``'s ``run_bench``, cached on disk;
-- ``search.py``: grid or successive halving, the frontier and the answer.
+- ``search.py``: grid or successive halving, the frontier and the answer, all on the selection seed;
+- ``report.py``: the baseline, the answer and the frontier measured again on the report seed, with each
+  budget's verdict there.
 
 Example::
 
     from fastdiff import FastPipeline
     from fastdiff.tune import tune
 
-    result = tune("/tmp/digits", ["accuracy>=-1 point"], cache_dir="/tmp/tune-cache")
+    result = tune("/tmp/digits", ["accuracy>=-1 point"], cache_dir="/tmp/tune-cache", seed=0, report_seed=1)
+    print(result["report"]["within_budget"])  # does the pick still meet the budget on the report seed?
     fp = FastPipeline.from_pretrained("/tmp/digits", accelerators=result["best"]["spec"])
 """
 
