@@ -219,3 +219,43 @@ def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
     assert unet.accelerators == ()
     with pytest.raises(AcceleratorError, match="choose one of output, attention"):
         fastdiff.parse("forecast(at=blocks)")
+
+
+def test_attention_forecast_gives_diffusers_taylorseer_images_on_sd3(monkeypatch):
+    # forecast(at=attention,after_warmup=1) is diffusers' TaylorSeer (TaylorSeerCacheConfig, hooks on every block's
+    # attention) at cache_interval=interval, disable_cache_before_step=warmup, max_order=order; the diffusers side
+    # is the benchmark's own setting "hf-taylorseer:INTERVAL:WARMUP:ORDER".
+    from benchmarks import flow_caching as bench
+
+    monkeypatch.setattr(bench, "STEPS", 12)
+    monkeypatch.setattr(bench, "GUIDANCE", {"scale": 4.0})
+    fp = FastPipeline(tiny_pipe("tiny-sd3"))
+    prompts = ["a red fox", "a blue car"]
+    names = [name for name, _ in fp.denoiser.named_modules() if name.endswith(".attn.to_q")]
+    computed: dict[str, list[int]] = {}  # attention -> steps it computed: a forecast one never calls its to_q
+    hooks = [
+        fp.denoiser.get_submodule(name).register_forward_pre_hook(
+            lambda *_, name=name: computed[name].append(fp.context.step)
+        )
+        for name in names
+    ]
+
+    def run(text):
+        computed.update((name, []) for name in names)
+        images, _, calls = bench.run(fp, bench.setting(text), prompts)
+        assert calls == len(computed[names[-1]])  # the benchmark's count of the last block's attention
+        return images, dict(computed)
+
+    plain, plain_steps = run("none")
+    ours, our_steps = run("forecast(order=1,interval=3,warmup=3,at=attention,after_warmup=1)")
+    theirs, their_steps = run("hf-taylorseer:3:3:1")
+    for hook in hooks:
+        hook.remove()
+    assert len(plain_steps) == 2 and all(s == list(range(12)) for s in plain_steps.values())
+    # warm-up 0-2, then every third step from 4: 6 of the 12 steps forecast, in both attention layers
+    assert our_steps == their_steps == dict.fromkeys(plain_steps, [0, 1, 2, 4, 7, 10])
+    # The same extrapolation (Lagrange weights here, Taylor differences there) rounds differently: 1.2e-6 apart
+    # measured. Forecasting changes the images by 2.1e-4, and order 2 or the default after_warmup by >= 5e-5.
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+    assert np.abs(ours - plain).max() > 1e-4
+    np.testing.assert_array_equal(bench.run(fp, bench.setting("none"), prompts)[0], plain)  # all removed
