@@ -269,7 +269,7 @@ def test_bench_reports_every_key(tmp_path):
     out = tmp_path / "bench.json"
     main([
         "bench", str(model), "--config", "ddim4=scheduler(name=ddim,steps=4)",
-        "--config", "dpm2=scheduler(name=dpm++2m,steps=2)", "--runs", "2", "--json", str(out), "--threads", "1",
+        "--config", "dpm2=scheduler(name=dpm++2m,steps=2)", "--runs", "3", "--json", str(out), "--threads", "1",
     ])  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["configs"]
@@ -288,8 +288,44 @@ def test_bench_reports_every_key(tmp_path):
     assert all(keys <= set(r) for r in rows)
     assert rows[0]["psnr"] is None and rows[0]["speedup"] == 1.0
     assert rows[0]["denoiser_calls"] == 4 and rows[1]["denoiser_calls"] == 2
-    assert len(rows[1]["seconds"]) == 2 and rows[1]["peak_rss_mb"] > 0
+    assert len(rows[1]["seconds"]) == 3 and rows[1]["peak_rss_mb"] > 0
     assert 0 < rows[1]["psnr"] < 100 and -1 <= rows[1]["ssim"] < 1
+    # the spread of every ratio, and a verdict that says "level" where the runs overlap
+    for row in rows:
+        assert row["seconds_min"] <= row["seconds_median"] <= row["seconds_max"]
+        assert row["speedup_min"] <= row["speedup_max"] and row["cpu_speedup_min"] <= row["cpu_speedup_max"]
+    overlap = min(rows[1]["seconds"]) <= max(rows[0]["seconds"]) and min(rows[0]["seconds"]) <= max(
+        rows[1]["seconds"]
+    )
+    expected = (
+        "level" if overlap else ("faster" if max(rows[1]["seconds"]) < min(rows[0]["seconds"]) else "slower")
+    )
+    assert rows[0]["speedup_verdict"] == "baseline" and rows[1]["speedup_verdict"] == expected
+    assert result["settings"]["alternate"] is True
+    assert {"command", "commit", "date", "device", "load"} <= set(result)
+    assert result["command"].startswith("python") or "bench" in result["command"]
+
+
+def test_bench_alternates_configs_and_refuses_a_busy_machine(monkeypatch):
+    from fastdiff.eval import bench
+    from fastdiff.eval.provenance import LoadError
+
+    fp = FastPipeline(tiny_pipe("tiny-sd"))
+    order = []
+    real = bench._measure
+    monkeypatch.setattr(bench, "_measure", lambda fp, name, *a: order.append(name) or real(fp, name, *a))
+    configs = [("a", "scheduler(name=ddim,steps=2)"), ("b", "scheduler(name=dpm++2m,steps=2)")]
+    result = bench.run_bench(fp, configs, runs=3, quality=False, warmup=False)
+    assert order == ["a", "b"] * 3  # rounds, each config once per round
+    assert [len(r["seconds"]) for r in result["configs"]] == [3, 3]
+    order.clear()
+    bench.run_bench(fp, configs, runs=3, quality=False, warmup=False, alternate=False)
+    assert order == ["a", "b"]
+    monkeypatch.setattr(bench, "load_average", lambda: 99.0)
+    monkeypatch.setattr("fastdiff.eval.provenance.load_average", lambda: 99.0)
+    with pytest.raises(LoadError, match="max_load 0.5"):
+        bench.run_bench(fp, configs, runs=3, quality=False, max_load=0.5)
+    assert fp.accelerators == ()  # nothing left applied
 
 
 @pytest.mark.parametrize("preset", ["ddpm", "euler-a", "dpm++2m-sde"])

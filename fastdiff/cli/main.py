@@ -78,7 +78,7 @@ def cmd_bench(args) -> None:
         resolve_model(args.model, args.size), parse_configs(args.config), steps=args.steps, runs=args.runs,
         seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
         guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
-        warmup=not args.no_warmup, devices=args.devices,
+        warmup=not args.no_warmup, devices=args.devices, alternate=not args.no_alternate, max_load=args.max_load,
     )  # fmt: skip
     print(format_table(result))
     if args.json:
@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--images", help="write a PNG grid per config into this directory")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
+    bench.add_argument("--no-alternate", action="store_true",
+                       help="time each config's runs back to back instead of in alternating rounds")  # fmt: skip
+    bench.add_argument("--max-load", type=NON_NEGATIVE_FLOAT, default=None,
+                       help="refuse to time a round while the load average, less this run's threads, is above this")  # fmt: skip
     bench.add_argument("--devices", type=POSITIVE, default=1,
                        help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs); every config then runs with freed memory kept for reuse (glibc), as the workers do")  # fmt: skip
     bench.set_defaults(func=cmd_bench)

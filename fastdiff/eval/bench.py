@@ -32,6 +32,7 @@ from fastdiff.core.timing import peak_rss_mb, time_runs  # noqa: F401
 from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.grid import save_grid
+from fastdiff.eval.provenance import check_load, load_average, provenance
 
 
 def run_bench(
@@ -50,12 +51,21 @@ def run_bench(
     image_dir: str | Path | None = None,
     warmup: bool = True,
     devices: int = 1,
+    alternate: bool = True,
+    max_load: float | None = None,
 ) -> dict:
     """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON).
 
     With ``devices`` > 1, configs whose specs contain ``parallel(...)`` run in that many worker processes
     (``fastdiff.parallel.launch``, ``threads`` each, default 1); the others run here, with this process's
     malloc set like the workers' (``retain_freed_memory``), so that the ratios are those of the parallelism.
+
+    With ``alternate`` (the default) the configs take turns: ``runs`` rounds, each applying every config in
+    order, warming it up and timing one call, then removing it, so that a drift of the machine's speed falls on
+    every config alike. Each row records its runs' median, min and max and its ratios' spread; a config whose run
+    times overlap the baseline's is "level" (``speedup_verdict``). With ``max_load`` a round refuses to start
+    (``LoadError``) while the load average, less this run's threads, is above it. The result carries its
+    provenance (command, commit, date, device, threads, load).
     """
     if runs <= 0:
         raise ValueError(f"runs must be a positive integer, got {runs}")
@@ -76,72 +86,109 @@ def run_bench(
         if value:
             inputs[key] = value
     evaluator = quality_for(fp.pipe) if quality else None
-    results, reference = [], None
-    bar = tqdm(total=len(configs) * (runs + warmup), desc="bench", unit="run")
-    for name, specs in configs:
-        distributed = devices > 1 and runs_in_process_group(specs)
-        handle = fp.accelerate(specs) if specs.strip() and not distributed else None
-        try:
-            call = dict(inputs, output_type="np")
-            if steps and "num_inference_steps" not in fp._defaults:
-                call["num_inference_steps"] = steps
-            bar.set_postfix_str(name)
-            if distributed:  # rank 0's timings and images; every rank runs the same seeded calls
-                from fastdiff.parallel.run import bench_parallel
-
-                seconds, images, rss, cpu_seconds, nfe = bench_parallel(  # steps unless the specs set them
-                    fp.pipe.name_or_path, specs, dict(inputs, output_type="np"), devices, runs, seed, warmup,
-                    threads or 1, steps,
-                )  # fmt: skip
-                bar.update(runs + int(warmup))
-            else:
-
-                def once(call=call):
-                    return fp(**call, generator=torch.Generator().manual_seed(seed))
-
-                seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
-                bar.update(int(warmup))
-                images, nfe = np.asarray(pixels(output)), fp.context.nfe
-            if image_dir:
-                save_grid(
-                    images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])
-                )
-            row = {
-                "name": name,
-                "specs": specs,
-                "seconds_median": statistics.median(seconds),
-                "seconds": seconds,
-                "cpu_seconds_median": statistics.median(cpu_seconds),
-                "denoiser_calls": nfe,
-                "peak_rss_mb": round(rss, 1),
-                "speedup": None,
-                "psnr": None,
-                "ssim": None,
-            }
-            if reference is None:
-                reference = images
-            else:
-                row["psnr"], row["ssim"] = psnr(images, reference), ssim(images, reference)
-            if evaluator is not None:
-                row.update(evaluator(fp.pipe, call, images, seed))
-        finally:
-            if handle is not None:
-                handle.remove()
-        row["speedup"] = results[0]["seconds_median"] / row["seconds_median"] if results else 1.0
-        row["cpu_speedup"] = results[0]["cpu_seconds_median"] / row["cpu_seconds_median"] if results else 1.0
-        results.append(row)
+    rounds, per_round = (runs, 1) if alternate else (1, runs)
+    rows: dict[str, dict] = {}
+    images_of: dict[str, np.ndarray] = {}
+    load_start = load_average()
+    bar = tqdm(total=len(configs) * rounds * (per_round + warmup), desc="bench", unit="run")
+    for round_index in range(rounds):
+        for name, specs in configs:
+            check_load(max_load, own_threads=torch.get_num_threads())
+            bar.set_postfix_str(name if rounds == 1 else f"{name} (round {round_index + 1}/{rounds})")
+            measured = _measure(fp, name, specs, inputs, steps, seed, per_round, warmup, devices, threads, bar,
+                                evaluator if round_index == 0 else None)  # fmt: skip
+            row = rows.setdefault(name, {"name": name, "specs": specs, "seconds": [], "cpu_seconds": [],
+                                         "peak_rss_mb": 0.0})  # fmt: skip
+            row["seconds"] += measured.pop("seconds")
+            row["cpu_seconds"] += measured.pop("cpu_seconds")
+            row["peak_rss_mb"] = round(max(row["peak_rss_mb"], measured.pop("peak_rss_mb")), 1)
+            if round_index == 0:
+                images_of[name] = measured.pop("images")
+                row.update(measured)
     bar.close()
+    results, reference = [], None
+    for name, _ in configs:
+        row, images = rows[name], images_of[name]
+        if image_dir:
+            save_grid(
+                images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])
+            )
+        row["psnr"], row["ssim"] = (
+            (None, None) if reference is None else (psnr(images, reference), ssim(images, reference))
+        )
+        reference = images if reference is None else reference
+        row.update(_spread(row, results[0] if results else row))
+        results.append(row)
     out = {
         "model": str(getattr(fp.pipe, "name_or_path", "")),
         "pipeline": type(fp.pipe).__name__,
         "settings": {"steps": steps, "runs": runs, "warmup": warmup, "seed": seed, "threads": torch.get_num_threads(),
-                     "devices": devices,
+                     "devices": devices, "alternate": alternate, "max_load": max_load,
                      "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
         "configs": results,
+        **provenance(load_start=load_start),
     }  # fmt: skip
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _measure(fp, name, specs, inputs, steps, seed, runs, warmup, devices, threads, bar, evaluator) -> dict:
+    """Apply ``specs``, time ``runs`` seeded calls (after a warm-up), score them with ``evaluator`` if given,
+    remove: the figures of one config in one round."""
+    distributed = devices > 1 and runs_in_process_group(specs)
+    handle = fp.accelerate(specs) if specs.strip() and not distributed else None
+    try:
+        call = dict(inputs, output_type="np")
+        if steps and "num_inference_steps" not in fp._defaults:
+            call["num_inference_steps"] = steps
+        if distributed:  # rank 0's timings and images; every rank runs the same seeded calls
+            from fastdiff.parallel.run import bench_parallel
+
+            seconds, images, rss, cpu_seconds, nfe = bench_parallel(  # steps unless the specs set them
+                fp.pipe.name_or_path, specs, dict(inputs, output_type="np"), devices, runs, seed, warmup,
+                threads or 1, steps,
+            )  # fmt: skip
+            bar.update(runs + int(warmup))
+        else:
+
+            def once(call=call):
+                return fp(**call, generator=torch.Generator().manual_seed(seed))
+
+            seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
+            bar.update(int(warmup))
+            images, nfe = np.asarray(pixels(output)), fp.context.nfe
+        row = {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": rss, "images": images,
+               "denoiser_calls": nfe}  # fmt: skip
+        if evaluator is not None:
+            row.update(evaluator(fp.pipe, call, images, seed))
+        return row
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _spread(row: dict, base: dict) -> dict:
+    """Medians, min and max of a config's runs; its ratios to ``base`` (median ratio, and the min and max of the
+    ratios of runs taken in the same round); "level" where the two configs' run times overlap (with >= 3 runs
+    each; fewer give no verdict)."""
+    out = {}
+    for key, prefix in (("seconds", "speedup"), ("cpu_seconds", "cpu_speedup")):
+        mine, theirs = row[key], base[key]
+        out[f"{key}_median"] = statistics.median(mine)
+        out[f"{key}_min"], out[f"{key}_max"] = min(mine), max(mine)
+        paired = [b / m for b, m in zip(theirs, mine)]
+        out[prefix] = statistics.median(theirs) / statistics.median(mine)
+        out[f"{prefix}_min"], out[f"{prefix}_max"] = min(paired), max(paired)
+        if row is base:
+            out[f"{prefix}_verdict"] = "baseline"
+        elif min(len(mine), len(theirs)) < 3:
+            out[f"{prefix}_verdict"] = "n/a (< 3 runs)"
+        elif min(mine) <= max(theirs) and min(theirs) <= max(mine):
+            out[f"{prefix}_verdict"] = "level"
+        else:
+            out[f"{prefix}_verdict"] = "faster" if max(mine) < min(theirs) else "slower"
     return out
 
 
@@ -168,7 +215,8 @@ def format_table(result: dict) -> str:
         "psnr",
         "ssim",
     ]
-    skip = {"specs", "seconds", "cpu_seconds_median"}
+    skip = {"specs", "seconds", "cpu_seconds", "cpu_seconds_median", "seconds_min", "seconds_max", "cpu_seconds_min",
+            "cpu_seconds_max", "cpu_speedup_min", "cpu_speedup_max", "cpu_speedup_verdict"}  # fmt: skip
     extra = sorted({k for row in result["configs"] for k in row} - set(base) - skip)
     cols = base + extra
     rows = [[_fmt(row.get(c)) for c in cols] for row in result["configs"]]

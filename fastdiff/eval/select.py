@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -94,4 +95,46 @@ def target_verdict(row: dict, minimums: dict[str, float], fd_ratio_max: float) -
             "fd_ratio_max": fd_ratio_max, **{f"{k}_min": m for k, m in minimums.items()}}  # fmt: skip
 
 
-__all__ = ["lowest_fd_meeting", "select_then_report", "target_verdict"]
+def add_selection_arguments(parser, candidates: list[float], also: list[float], n: int) -> None:
+    """The ``select`` subcommand's options that every reference shares (its model, steps and threads aside)."""
+    parser.add_argument("--guidance", type=float, nargs="+", default=candidates, help="the candidates")
+    parser.add_argument(
+        "--also", type=float, nargs="*", default=also, help="also reported on the report seeds"
+    )
+    parser.add_argument("--selection-seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--report-seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--n", type=int, default=n, help="images or clips per seeded call")
+    parser.add_argument("--json", required=True, help="the results file (rewritten after each row)")
+
+
+def select_guidance(evaluate: Callable[[float, int], dict], args, header: dict, minimums: dict[str, float],
+                    fd_ratio_max: float) -> dict:  # fmt: skip
+    """A reference's ``select`` command: the guidance with the lowest FD among those meeting ``minimums`` on
+    ``args.selection_seeds``, then it and ``args.also`` on ``args.report_seeds`` with the target's verdicts;
+    ``header`` (model, pipeline, target, ...) heads the results file ``args.json``, saved after every row with
+    its provenance."""
+    from pathlib import Path
+
+    from fastdiff.eval.provenance import load_average, provenance
+
+    load_start, partial, out = load_average(), {"selection": [], "report": []}, Path(args.json)
+
+    def save(extra: dict) -> dict:
+        record = {**header, **extra, **provenance(load_start=load_start)}
+        out.write_text(json.dumps(record, indent=1))
+        return record
+
+    def on_row(phase: str, row: dict) -> None:
+        partial[phase].append(row)
+        print(json.dumps({"phase": phase, **row}), flush=True)
+        save({"partial": partial})
+
+    record = select_then_report(evaluate, args.guidance, args.selection_seeds, args.report_seeds,
+                                lowest_fd_meeting(minimums), args.also, on_row)  # fmt: skip
+    verdicts = [{"guidance": r["guidance"], "seed": r["seed"], **target_verdict(r, minimums, fd_ratio_max)}
+                for r in record["report"]]  # fmt: skip
+    return save({"selection": record, "report_verdicts": verdicts})
+
+
+__all__ = ["lowest_fd_meeting", "select_then_report", "target_verdict", "add_selection_arguments",
+           "select_guidance"]  # fmt: skip

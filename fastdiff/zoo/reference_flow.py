@@ -280,6 +280,9 @@ def null_components(directory: str | Path) -> dict[str, None]:
     return {k: None for k, v in index.items() if not k.startswith("_") and v == [None, None]}
 
 
+TARGET = {"accuracy_min": 0.95, "fd_max_over_floor": 3.0}  # FD within 3x a like-for-like floor
+
+
 def load_flow_pipeline(directory: str | Path) -> StableDiffusion3Pipeline:
     """``DiffusionPipeline.from_pretrained`` of a digits-flow build (no T5)."""
     from diffusers import DiffusionPipeline
@@ -340,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     ...]``."""
     import argparse
 
+    from fastdiff.eval.select import add_selection_arguments, select_guidance
+
     parser = argparse.ArgumentParser(prog="python -m fastdiff.zoo.reference_flow")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="train digits-flow into DIR")
@@ -358,7 +363,20 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the rows here")
+    c = sub.add_parser(
+        "select", help="choose the default guidance on selection seeds, report on report seeds"
+    )
+    c.add_argument("model")
+    c.add_argument("--steps", type=int, default=28)
+    c.add_argument("--threads", type=int, default=None)
+    add_selection_arguments(c, candidates=[1.0, 1.5, 2.0, 4.0], also=[], n=500)
     args = parser.parse_args(argv)
+    if args.command == "select":
+        header = {"model": "digits-flow", "pipeline": "StableDiffusion3Pipeline", "steps": args.steps,
+                  "images": args.n, "shipped_default_guidance": DEFAULT_GUIDANCE, "target": TARGET}  # fmt: skip
+        select_guidance(lambda g, seed: evaluate_flow(args.model, (g,), args.n, args.steps, seed, args.threads)[0],
+                        args, header, {"accuracy": TARGET["accuracy_min"]}, TARGET["fd_max_over_floor"])  # fmt: skip
+        return
     if args.command == "build":
         build_reference_flow(args.out, steps=args.steps, seed=args.seed, resume=args.resume, threads=args.threads,
                              stop_after=args.stop_after, lr=args.lr)  # fmt: skip

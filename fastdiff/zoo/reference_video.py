@@ -337,38 +337,12 @@ def build_moving_digits_zoo(out_dir: Path, size: str = "bench", seed: int = 0, r
     install_or_train("moving-digits", out_dir, size, seed, retrain, SIZES, build_moving_digits)
 
 
-def select_guidance(args) -> dict:
-    """``select``: the guidance with the lowest FD among those meeting the accuracy minimums on the selection
-    seeds, its figures (and the pipeline's own scale's) on the report seeds, with the target read on those."""
-    from fastdiff.eval.provenance import load_average, provenance
-    from fastdiff.eval.select import lowest_fd_meeting, select_then_report, target_verdict
-
-    minimums = {"accuracy": TARGET["accuracy_min"], "direction_accuracy": TARGET["direction_accuracy_min"]}
-    load_start, partial = load_average(), {"selection": [], "report": []}
-    out = Path(args.json)
-
-    def save(extra: dict) -> dict:
-        record = {"model": "moving-digits", "pipeline": "WanPipeline", "steps": args.steps, "clips": args.n,
-                  "shipped_default_guidance": DEFAULT_GUIDANCE, "target": TARGET, **extra,
-                  **provenance(load_start=load_start)}  # fmt: skip
-        out.write_text(json.dumps(record, indent=1))
-        return record
-
-    def on_row(phase: str, row: dict) -> None:
-        partial[phase].append(row)
-        save({"partial": partial})
-
-    record = select_then_report(lambda g, seed: evaluate_video(args.model, g, args.n, args.steps, seed, args.threads),
-                                args.guidance, args.selection_seeds, args.report_seeds, lowest_fd_meeting(minimums),
-                                args.also, on_row)  # fmt: skip
-    verdicts = [{"guidance": r["guidance"], "seed": r["seed"], **target_verdict(r, minimums, TARGET["fd_max_over_floor"])}
-                for r in record["report"]]  # fmt: skip
-    return save({"selection": record, "report_verdicts": verdicts})
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m fastdiff.zoo.reference_video build DIR [--steps N] [--resume]`` or ``... eval DIR``."""
+    """``python -m fastdiff.zoo.reference_video build DIR [--steps N] [--resume]``, ``... eval DIR`` or ``... select
+    DIR --json OUT`` (the default guidance chosen on selection seeds and reported on report seeds)."""
     import argparse
+
+    from fastdiff.eval.select import add_selection_arguments, select_guidance
 
     parser = argparse.ArgumentParser(prog="python -m fastdiff.zoo.reference_video")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -389,22 +363,24 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the rows here")
     c = sub.add_parser(
-        "select", help="choose the default guidance on selection seeds, report it on report seeds"
+        "select", help="choose the default guidance on selection seeds, report on report seeds"
     )
     c.add_argument("model")
-    c.add_argument("--guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0, 5.0], help="candidates")
-    c.add_argument(
-        "--also", type=float, nargs="*", default=[5.0], help="also reported (WanPipeline's own: 5)"
-    )
-    c.add_argument("--selection-seeds", type=int, nargs="+", default=[0])
-    c.add_argument("--report-seeds", type=int, nargs="+", default=[1])
-    c.add_argument("--n", type=int, default=200)
     c.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     c.add_argument("--threads", type=int, default=None)
-    c.add_argument("--json", required=True, help="the results file (rewritten after each row)")
+    add_selection_arguments(
+        c, candidates=[1.0, 1.5, 2.0, 3.0, 5.0], also=[5.0], n=200
+    )  # WanPipeline's own: 5
     args = parser.parse_args(argv)
     if args.command == "select":
-        select_guidance(args)
+        header = {"model": "moving-digits", "pipeline": "WanPipeline", "steps": args.steps, "clips": args.n,
+                  "shipped_default_guidance": DEFAULT_GUIDANCE, "target": TARGET}  # fmt: skip
+        minimums = {
+            "accuracy": TARGET["accuracy_min"],
+            "direction_accuracy": TARGET["direction_accuracy_min"],
+        }
+        select_guidance(lambda g, seed: evaluate_video(args.model, g, args.n, args.steps, seed, args.threads),
+                        args, header, minimums, TARGET["fd_max_over_floor"])  # fmt: skip
         return
     if args.command == "build":
         build_moving_digits(args.out, args.vae_steps, args.steps, args.seed, args.resume, args.threads,
