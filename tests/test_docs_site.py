@@ -97,6 +97,29 @@ def test_check_names_a_page_edited_by_hand(tmp_path, monkeypatch, capsys, rp):
     assert rp.main(["--check"]) == 0
 
 
+def test_check_refuses_a_results_file_without_provenance(tmp_path, monkeypatch, capsys, rp):
+    pages = rp.pages
+    full = {"command": "fastdiff bench digits", "commit": "abc", "date": "2026-12-05", "device": "cpu",
+            "load": {"start": 0.1, "end": 0.2}}  # fmt: skip
+    legacy = tmp_path / "legacy.txt"
+    legacy.write_text("# header\nold\n")
+    monkeypatch.setattr(pages, "LEGACY", legacy)
+    assert pages.provenance_errors({"old": {"rows": []}, "new": full}) == []
+    errors = pages.provenance_errors(
+        {"old": {"rows": []}, "new": {k: v for k, v in full.items() if k != "load"}}
+    )
+    assert errors == ["benchmarks/results/new.json records no load: re-run its command"]
+    errors = pages.provenance_errors({"old": full})  # re-run with provenance: it must leave the legacy list
+    assert errors == ["benchmarks/results/old.json has full provenance now: remove it from legacy.txt"]
+    assert pages.provenance_errors({}) == ["legacy.txt lists old, which has no results file"]
+    monkeypatch.setattr(pages, "load_results", lambda: {"new": {"rows": []}})
+    assert pages.check({}) == 1
+    assert "new.json records no command, commit, date, device, load" in capsys.readouterr().err
+    assert (
+        "Commit: `abc`. Load average: 0.1 at the start, 0.2 at the end." in pages.provenance("new", full)[-1]
+    )
+
+
 def test_every_results_file_has_a_described_section(rp):
     sections = rp.pages.SECTIONS
     stems = {p.stem for p in (ROOT / "benchmarks" / "results").glob("*.json")}

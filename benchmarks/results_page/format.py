@@ -48,6 +48,24 @@ def code(v: Any) -> str | None:
     return None if missing(v) or v == "" else f"`{v}`"
 
 
+def spread(row: dict, key: str) -> str | None:
+    """A ratio with its runs' range and verdict, where the row records them: 1.52x (1.40-1.61, level)."""
+    if missing(row.get(key)):
+        return None
+    low, high, verdict = row.get(f"{key}_min"), row.get(f"{key}_max"), row.get(f"{key}_verdict")
+    if missing(low) or missing(high):
+        return fx(row[key])
+    note = "" if verdict in (None, "baseline") else f", {verdict}"
+    return f"{fx(row[key])} ({low:.2f}-{high:.2f}{note})"
+
+
+def over_floor(row: dict) -> str | None:
+    """FD / floor with its interval, where the row records it: 1.53 [0.95, 2.58]."""
+    if missing(row.get("fd_ratio")):
+        return None
+    return f"{row['fd_ratio']:.2f} [{row['fd_ratio_low']:.2f}, {row['fd_ratio_high']:.2f}]"
+
+
 def med(values: Any) -> float | None:
     values = [v for v in values or [] if not missing(v)]
     return median(values) if values else None
@@ -84,16 +102,35 @@ def bench_table(configs: list[dict], first: str = "first config") -> str:
             ("s (median)", lambda c: sec(c.get("seconds_median"))),
             ("CPU s", lambda c: sec(c.get("cpu_seconds_median", c.get("cpu_s_median")))),
             ("NFE", lambda c: c.get("denoiser_calls", c.get("nfe"))),
-            ("speedup", lambda c: fx(c.get("speedup"))),
-            ("CPU speedup", lambda c: fx(c.get("cpu_speedup"))),
+            ("speedup", lambda c: spread(c, "speedup")),
+            ("CPU speedup", lambda c: spread(c, "cpu_speedup")),
             (f"PSNR vs {first}", lambda c: db(c.get("psnr"))),
             ("SSIM", lambda c: num(c.get("ssim"), 4)),
             ("accuracy", lambda c: pct(c.get("accuracy"))),
             ("FD", lambda c: num(c.get("fd"))),
             ("FD floor", lambda c: num(c.get("fd_floor"))),
+            ("FD / floor", over_floor),
         ],
         configs,
     )
+
+
+def selection_tables(d: dict, quality: list[tuple[str, Callable[[Any], Any]]]) -> str:
+    """A ``select`` record (:mod:`fastdiff.eval.select`): the candidates on the selection seeds, the pick, and its
+    figures (with the target's verdict) on the report seeds."""
+    record = d.get("selection") or {}
+    rows = record.get("selection") or d.get("partial", {}).get("selection", [])
+    report = record.get("report") or d.get("partial", {}).get("report", [])
+    verdicts = {(v["guidance"], v["seed"]): v["verdict"] for v in d.get("report_verdicts", [])}
+    columns = [("guidance", lambda r: r.get("guidance")), ("seed", lambda r: r.get("seed"))] + quality + [
+        ("FD floor [draws' range]", lambda r: f"{r['fd_floor']:.2f} [{r['fd_floor_low']:.2f}, {r['fd_floor_high']:.2f}]"),
+        ("FD / floor", over_floor),
+    ]  # fmt: skip
+    out = f"Selection seeds {record.get('selection_seeds', '-')} ({record.get('rule', 'unfinished')}):\n\n"
+    out += table(columns, rows)
+    out += f"\n\nChoice: guidance {record.get('choice', '- (unfinished)')}. Report seeds {record.get('report_seeds', '-')}:\n\n"
+    out += table(columns + [("target", lambda r: verdicts.get((r.get("guidance"), r.get("seed"))))], report)
+    return out
 
 
 def async_table(model: dict) -> str:

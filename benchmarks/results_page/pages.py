@@ -86,6 +86,49 @@ def threads_of(d: Any) -> Any:
     return None
 
 
+LEGACY = RESULTS / "legacy_provenance.txt"
+
+
+def legacy_stems() -> set[str]:
+    """Files written before results carried a commit and the load: each leaves the list when its command re-runs."""
+    if not LEGACY.is_file():
+        return set()
+    return {
+        line.strip() for line in LEGACY.read_text().splitlines() if line.strip() and not line.startswith("#")
+    }
+
+
+def missing_provenance(d: Any) -> list[str]:
+    """The provenance keys (command, commit, date, device, load) a results file lacks."""
+    found = {
+        "command": bool(command_of(d)),
+        "commit": isinstance(d, dict) and isinstance(d.get("commit"), str),
+        "date": date_of(d) is not None,
+        "device": device_of(d) is not None,
+        "load": isinstance(d, dict) and isinstance(d.get("load"), dict),
+    }
+    return [key for key, ok in found.items() if not ok]
+
+
+def provenance_errors(results: dict[str, Any]) -> list[str]:
+    """A file outside the legacy list without full provenance, and a legacy-listed file that now has it."""
+    legacy, errors = legacy_stems(), []
+    for stem, d in results.items():
+        missing = missing_provenance(d)
+        if missing and stem not in legacy:
+            errors.append(
+                f"benchmarks/results/{stem}.json records no {', '.join(missing)}: re-run its command"
+            )
+        elif not missing and stem in legacy:
+            errors.append(
+                f"benchmarks/results/{stem}.json has full provenance now: remove it from {LEGACY.name}"
+            )
+    errors += [
+        f"{LEGACY.name} lists {stem}, which has no results file" for stem in sorted(legacy - set(results))
+    ]
+    return errors
+
+
 def load_results() -> dict[str, Any]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
 
@@ -109,6 +152,13 @@ def provenance(stem: str, d: Any) -> list[str]:
         bits.append(f"torch threads: {threads}")
     date = date_of(d)
     bits.append(f"Date: {date}" if date else "Date: not recorded")
+    if isinstance(d, dict) and isinstance(d.get("commit"), str) and isinstance(d.get("load"), dict):
+        load = d["load"]
+        bits.append(
+            f"Commit: `{d['commit'][:12]}`. Load average: {load.get('start')} at the start, {load.get('end')} at the end"
+        )
+    else:
+        bits.append("Commit and load: not recorded (written before results carried them)")
     lines.append(". ".join(bits) + ".")
     return lines
 
@@ -202,14 +252,18 @@ def expected() -> dict[Path, str]:
 
 
 def check(pages: dict[Path, str]) -> int:
-    """1, naming each page on stderr, when a page on disk differs from what the JSON says; else 0."""
+    """1, naming each page on stderr, when a page on disk differs from what the JSON says or a results file lacks
+    its provenance (:func:`provenance_errors`); else 0."""
+    errors = provenance_errors(load_results())
+    for error in errors:
+        print(error, file=sys.stderr)
     stale = [p for p, text in pages.items() if not p.is_file() or p.read_text() != text]
     for p in stale:
         print(
             f"{p.relative_to(ROOT)}: differs from benchmarks/results/*.json; run python -m benchmarks.results_page",
             file=sys.stderr,
         )
-    return 1 if stale else 0
+    return 1 if stale or errors else 0
 
 
 def write(pages: dict[Path, str]) -> int:

@@ -123,7 +123,7 @@ def run_bench(
         "model": str(getattr(fp.pipe, "name_or_path", "")),
         "pipeline": type(fp.pipe).__name__,
         "settings": {"steps": steps, "runs": runs, "warmup": warmup, "seed": seed, "threads": torch.get_num_threads(),
-                     "devices": devices, "alternate": alternate, "max_load": max_load,
+                     "devices": devices, "alternate": alternate, "max_load": max_load, "processes": _layout(devices),
                      "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
         "configs": results,
         **provenance(load_start=load_start),
@@ -190,6 +190,16 @@ def _spread(row: dict, base: dict) -> dict:
         else:
             out[f"{prefix}_verdict"] = "faster" if max(mine) < min(theirs) else "slower"
     return out
+
+
+def _layout(devices: int) -> str:
+    """What a cross-process ratio compares: "2 processes x 1 thread(s) vs 1 x 1" (threads per process)."""
+    threads = torch.get_num_threads()
+    if devices <= 1:
+        return f"1 process x {threads} thread(s)"
+    return (
+        f"{devices} processes x {threads} thread(s) for parallel(...) configs vs 1 x {threads} for the others"
+    )
 
 
 def _slug(name: str) -> str:
