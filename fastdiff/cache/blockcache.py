@@ -4,6 +4,8 @@ residual caching or fixed-interval reuse.
 ``mode=first-block`` (First Block Cache, as diffusers' ``hooks/first_block_cache.py``): block 0 always runs;
 if the relative L1 change of its residual (output - input) against the last fully computed step is at most
 ``threshold``, the other blocks are skipped and the residual they added on that step is added instead.
+``fit=FIT.json`` takes the threshold fitted for the model within a PSNR budget (``fastdiff fit-first-block``,
+``fastdiff.cache.calibrate``); the file is read at apply.
 ``mode=interval`` (FORA): every ``interval`` steps all blocks run and each block's attention and MLP outputs are
 stored; in between they are reused while the cheap timestep-dependent parts (adaLN modulation, gates,
 norms) still run. State is kept per guidance branch and cleared at the start of every call.
@@ -40,15 +42,19 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.cache.deepcache import BranchCache
-from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of
+from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of, read_fit
 from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, block_io, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
+DEFAULT_THRESHOLD = 0.05  # first-block and teacache, where neither threshold nor (first-block) fit is given
+
 
 class _State:
-    def __init__(self, config: BlockCache, context, joined: bool = False):
-        self.config, self.context = config, context
+    def __init__(
+        self, config: BlockCache, context, joined: bool = False, threshold: float = DEFAULT_THRESHOLD
+    ):
+        self.config, self.context, self.threshold = config, context, threshold
         self.joined = (
             joined  # the last block returns [text, image] joined: its image states are the trailing ones
         )
@@ -63,6 +69,8 @@ class _State:
         self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
         self.last_full = 0
+        # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
+        self.trace: list[tuple[int, float | None, bool]] = []
 
     def cache(self, key: str) -> BranchCache:
         return self.caches.setdefault(key, BranchCache())
@@ -79,7 +87,7 @@ class _Controller(ModelHook):
 
     def reset_state(self, module):
         st = self.state
-        st.caches, st.refreshed, st.head_output, st.last_full = {}, {}, None, 0
+        st.caches, st.refreshed, st.head_output, st.last_full, st.trace = {}, {}, None, 0, []
         return module
 
     def pre_forward(self, module, *args, **kwargs):
@@ -110,11 +118,13 @@ class _Head(ModelHook):
         hidden = hidden_out(io, output)
         residual = hidden - hidden_in(io, args, kwargs)
         head, tail = st.cache("head"), st.cache("tail")
+        change = None
         if head.has(st.branches) and tail.has(st.branches):
             previous = head.get(st.branches)
             change = ((residual - previous).abs().mean() / previous.abs().mean()).item()
-            st.skip = change <= st.config.threshold
+            st.skip = change <= st.threshold
             st.skipped += st.skip
+        st.trace.append((st.step, change, st.skip))
         if st.skip:
             return with_hidden(io, output, hidden + tail.get(st.branches))
         head.put(st.branches, st.step, residual)
@@ -173,15 +183,18 @@ class _Reuse(ModelHook):
 @register
 @dataclass(frozen=True)
 class BlockCache(Accelerator):
-    """Skip or reuse transformer blocks between steps. Example: ``blockcache(mode=first-block,threshold=0.05)``.
+    """Skip or reuse transformer blocks between steps. Example: ``blockcache(mode=first-block,fit=fb.json)``.
 
-    ``threshold`` is used by ``first-block`` and ``teacache``, ``interval`` by ``interval``, ``fit`` by ``teacache``.
+    ``threshold`` is used by ``first-block`` and ``teacache`` (none given: 0.05), ``interval`` by ``interval``,
+    ``fit`` by ``first-block`` (the fitted threshold, instead of ``threshold``) and ``teacache`` (the rescaling).
     """
 
     mode: Literal["first-block", "interval", "teacache"] = "first-block"
-    threshold: float = 0.05
+    threshold: float | None = None  # None: DEFAULT_THRESHOLD (first-block: or the fit's)
     interval: int = 2
-    fit: str | None = None  # teacache: the rescaling polynomial fitted for this model (fastdiff fit-teacache)
+    # first-block: the threshold fitted for this model (fastdiff fit-first-block); teacache: the rescaling
+    # polynomial fitted for it (fastdiff fit-teacache). Read at apply.
+    fit: str | None = None
 
     spec_name = "blockcache"
     kind = "cache"
@@ -195,9 +208,16 @@ class BlockCache(Accelerator):
             raise AcceleratorError(
                 f"blockcache: mode {self.mode!r} is not allowed; use first-block, interval or teacache"
             )
-        if self.fit is not None and self.mode != "teacache":
-            raise AcceleratorError(f"blockcache: fit is an option of mode=teacache, not of mode={self.mode}")
-        if not self.threshold >= 0:
+        if self.fit is not None and self.mode == "interval":
+            raise AcceleratorError(
+                "blockcache: fit is an option of mode=first-block and mode=teacache, not of mode=interval"
+            )
+        if self.fit is not None and self.mode == "first-block" and self.threshold is not None:
+            raise AcceleratorError(
+                f"blockcache: give threshold or fit in mode=first-block, not both (the fit {self.fit} holds "
+                "the threshold fitted for the model)"
+            )
+        if self.threshold is not None and not self.threshold >= 0:
             raise AcceleratorError(f"blockcache: threshold must be a number >= 0, got {self.threshold}")
         if self.interval < 1:
             raise AcceleratorError(f"blockcache: interval must be an integer >= 1, got {self.interval}")
@@ -215,7 +235,10 @@ class BlockCache(Accelerator):
             raise UnsupportedModelError(
                 f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"
             )
-        state = _State(self, fp.context, joined=facts.joined_last_block)
+        threshold = DEFAULT_THRESHOLD if self.threshold is None else self.threshold
+        if self.mode == "first-block" and self.fit is not None:
+            threshold = fitted_threshold(self.fit, model)
+        state = _State(self, fp.context, joined=facts.joined_last_block, threshold=threshold)
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode != "interval":
             if self.mode == "teacache":
@@ -251,3 +274,15 @@ class BlockCache(Accelerator):
         group = HandleGroup(handles)
         group.info.update(state=state)
         return group
+
+
+def fitted_threshold(path: str, model) -> float:
+    """The threshold in the first-block fit file ``path`` (``fastdiff fit-first-block``), checked against ``model``."""
+    threshold = read_fit(path, model, "first-block").get("threshold")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not 0 <= threshold < float("inf")
+    ):
+        raise AcceleratorError(f"blockcache: fit file {path!r} has no finite 'threshold' >= 0")
+    return float(threshold)

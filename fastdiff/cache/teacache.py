@@ -27,6 +27,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
 from fastdiff.core.models import MODULATION, UnsupportedModelError
+from fastdiff.core.registry import AcceleratorError
 
 
 def modulation_of(block) -> tuple[str, ...]:
@@ -66,21 +67,45 @@ def relative_change(now: torch.Tensor, before: torch.Tensor) -> float:
     return ((now - before).abs().mean() / before.abs().mean()).item()
 
 
-def load_rescaling(path: str | None, model) -> np.poly1d:
-    """The fitted polynomial in ``path`` (written by ``fit_rescaling``), checked against ``model``; else x."""
-    if path is None:
-        return np.poly1d([1.0, 0.0])
+FIT_COMMANDS = {"teacache": "fastdiff fit-teacache", "first-block": "fastdiff fit-first-block"}
+
+
+def read_fit(path: str, model, mode: str) -> dict:
+    """The fit file ``path`` of ``blockcache(mode=MODE,fit=PATH)``, checked: it exists, is a JSON object, and was
+    made for ``mode`` (a file without ``mode`` is a TeaCache fit, as files written before it) on ``model``'s class.
+    Each refusal is an AcceleratorError naming the file and the command that writes a right one."""
+    make = f"make one: {FIT_COMMANDS[mode]}"
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(
-            f"blockcache: fit file {path!r} does not exist (make one: fastdiff fit-teacache)"
-        )
-    fit = json.loads(file.read_text())
+        raise AcceleratorError(f"blockcache: fit file {path!r} does not exist ({make})")
+    try:
+        fit = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AcceleratorError(f"blockcache: fit file {path!r} is not JSON ({error}; {make})") from None
+    if not isinstance(fit, dict):
+        raise AcceleratorError(f"blockcache: fit file {path!r} is not a JSON object ({make})")
+    made_for = fit.get("mode", "teacache")
+    if made_for != mode:
+        raise AcceleratorError(f"blockcache: {path} was made for mode={made_for}, not mode={mode} ({make})")
     if fit.get("model") != type(model).__name__:
         raise UnsupportedModelError(
             f"blockcache: {path} was fitted on {fit.get('model')}, not on {type(model).__name__}"
         )
-    return np.poly1d(fit["coefficients"])
+    return fit
+
+
+def load_rescaling(path: str | None, model) -> np.poly1d:
+    """The fitted polynomial in ``path`` (written by ``fit_rescaling``), checked against ``model``; else x."""
+    if path is None:
+        return np.poly1d([1.0, 0.0])
+    coefficients = read_fit(path, model, "teacache").get("coefficients")
+    if not (
+        isinstance(coefficients, list)
+        and coefficients
+        and all(isinstance(c, (int, float)) and np.isfinite(c) for c in coefficients)
+    ):
+        raise AcceleratorError(f"blockcache: fit file {path!r} has no list of finite 'coefficients'")
+    return np.poly1d(coefficients)
 
 
 class TeaHead(ModelHook):
@@ -109,7 +134,7 @@ class TeaHead(ModelHook):
             total = self.accumulated.get(key, 0.0) + float(
                 self.rescale(relative_change(modulated, self.previous[key]))
             )
-            st.skip = total < st.config.threshold
+            st.skip = total < st.threshold
             st.skipped += st.skip
             self.accumulated[key] = total if st.skip else 0.0
         else:
@@ -168,5 +193,5 @@ def fit_rescaling(fp, calls: list[dict], degree: int = 4) -> dict:
     x, y = np.array(pairs).T
     coefficients = np.polyfit(x, y, degree)
     residual = float(np.sqrt(np.mean((np.polyval(coefficients, x) - y) ** 2)))
-    return {"model": type(fp.denoiser).__name__, "coefficients": coefficients.tolist(), "points": len(pairs),
-            "rms_error": residual}  # fmt: skip
+    return {"mode": "teacache", "model": type(fp.denoiser).__name__, "coefficients": coefficients.tolist(),
+            "points": len(pairs), "rms_error": residual}  # fmt: skip
