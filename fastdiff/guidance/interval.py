@@ -74,11 +74,15 @@ class CFGIntervalHook(ModelHook):
 
         listed = _tensor_list(args[0] if args else None)  # Z-Image passes its batch as per-image lists
 
-        def rows(value):  # (ControlNet residuals are lists too, but of levels: only a listed batch is cut)
-            return value[lo : lo + chunk] if listed and _tensor_list(value) and len(value) == batch else value
+        def cut(value):
+            # A listed batch's lists hold one tensor per image: take the cond images' entries whole (their own
+            # first dimension is channels or tokens, which may equal the batch by chance). ControlNet residuals
+            # are lists too, but of levels of batch-first tensors: only a listed batch is cut by entries.
+            if listed and _tensor_list(value) and len(value) == batch:
+                return value[lo : lo + chunk]
+            return map_tensors(value, take_cond)
 
-        args, kwargs = tuple(map(rows, args)), {k: rows(v) for k, v in kwargs.items()}
-        args, kwargs = map_tensors((args, kwargs), take_cond)
+        args, kwargs = tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
         ctx.branches = ("cond",)
         try:
             output = forward(*args, **kwargs)

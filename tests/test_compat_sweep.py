@@ -1,0 +1,36 @@
+"""Regressions of the compatibility matrix: cases where an accelerator applied and then failed mid-call, or failed
+at apply with another error than a refusal (Z-Image's per-image batch lists under cfg-interval).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_pipe
+
+from fastdiff import FastPipeline
+from fastdiff.core.inputs import make_inputs
+
+
+@pytest.mark.parametrize("prompt,batch", [("a red fox", 8), ("", 4)])
+def test_cfg_interval_takes_zimage_images_whole_outside_the_window(prompt, batch):
+    """Z-Image takes its batch as lists of per-image tensors. Outside the window cfg-interval took the cond images
+    and then cut every tensor in them whose first dimension equalled the batch: 8 images under CFG (16 in the
+    list) cut the 16 latent channels (a shape error mid-call); 4 cut the 8 tokens of the empty caption (a silently
+    wrong image). With no step in the window the images are those of the unguided call."""
+    pipe = tiny_pipe("tiny-zimage")
+    fp = FastPipeline(pipe)
+
+    def run(guidance):
+        kwargs = dict(make_inputs(pipe, batch), prompt=[prompt] * batch, guidance_scale=guidance)
+        return fp(
+            **kwargs, num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0)
+        )
+
+    unguided = run(0.0).images
+    handle = fp.accelerate("cfg-interval(start=0.0,end=0.0)")
+    windowed = run(5.0).images
+    np.testing.assert_allclose(windowed, unguided, atol=1e-6)
+    handle.remove()
+    fp.unwrap()
