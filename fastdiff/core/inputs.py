@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdiff.core.models import find_denoiser, pipeline_facts, spatial_factor
+from fastdiff.core.models import (
+    PIPELINES,
+    UnsupportedModelError,
+    find_denoiser,
+    pipeline_facts,
+    spatial_factor,
+)
 
 PROMPTS = [
     "a photograph of an astronaut riding a horse",
@@ -71,11 +77,22 @@ def make_inputs(
 
 
 def default_side(pipe) -> int:
-    """The image side a pipeline generates by default: its default sample size times the VAE's factor."""
+    """The image side a pipeline generates by default: its default sample size times the VAE's factor.
+
+    Where the pipeline keeps none, the facts say where it is (``sample_size_key``, ``default_height``)."""
     _, denoiser = find_denoiser(pipe)
-    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.get("sample_size")
+    facts = PIPELINES.get(type(pipe).__name__)
+    key = facts.sample_size_key if facts else "sample_size"
+    sample = getattr(pipe, "default_sample_size", None) or denoiser.config.get(key)
     if sample is None:  # video transformers keep no sample size: the call's own default height
-        return int(inspect.signature(pipe.__call__).parameters["height"].default)
+        height = inspect.signature(pipe.__call__).parameters["height"].default
+        height = height or (facts.default_height if facts else None)
+        if not height:
+            raise UnsupportedModelError(
+                f"{type(pipe).__name__} keeps no default image size (no default_sample_size, no {key} in its "
+                f"{type(denoiser).__name__}'s config, no default height): pass height and width"
+            )
+        return int(height)
     if isinstance(sample, (tuple, list)):
         sample = sample[0]
     return int(sample * spatial_factor(pipe))

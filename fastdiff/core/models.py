@@ -55,6 +55,11 @@ class PipelineFacts:
     # not when this pipeline config flag is set (Flux.2 Klein: is_distilled)
     cfg_needs_negative: bool = False
     cfg_off_config: str = ""
+    # the side a call without height/width generates, where the pipeline keeps no default_sample_size: the
+    # denoiser config key holding it in latent pixels (CogVideoX: sample_height), else default_height pixels
+    # (Z-Image's own fallback: 1024)
+    sample_size_key: str = "sample_size"
+    default_height: int = 0
 
 
 _SD = PipelineFacts("prompt", ("uncond", "cond"), 7.5, size_multiple=8)
@@ -99,7 +104,7 @@ _NOISING = (
     "scale_noise",
 )  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
 _ZIMAGE = PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list",
-                        list_batch=True, passes_mu=True, latent_multiple=2)  # fmt: skip
+                        list_batch=True, passes_mu=True, latent_multiple=2, default_height=1024)  # fmt: skip
 _FLOW_VARIANTS = {
     "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
     "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",), scheduler_methods=_NOISING),
@@ -138,7 +143,7 @@ PIPELINES.update(_FLOW_VARIANTS)
 _VIDEO_PIPELINES = {
     "WanPipeline": PipelineFacts("prompt", (), 5.0, cfg_sequence=("cond", "uncond"), family="Wan", latent_multiple=2),
     "CogVideoXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 6.0, family="CogVideoX", latent_multiple=2,
-                                       size_multiple=8),
+                                       size_multiple=8, sample_size_key="sample_height"),
     "LTXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 3.0, family="LTX-Video", passes_sigmas="always",
                                  passes_mu=True, size_multiple=32),
     "HunyuanVideoPipeline": PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"),
