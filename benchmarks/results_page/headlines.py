@@ -187,7 +187,7 @@ def h_lcm_lora(r):
 def h_parallel_cfg(r):
     c = r["parallel_cfg"]["digits"]
     return (
-        f"{fx(c['speedup'])} on 2 processes (wall time)",
+        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (wall time)",
         "identical images"
         if not c["max_abs_difference"]
         else f"max difference {c['max_abs_difference']:.1e}",
@@ -199,7 +199,7 @@ def h_parallel_async(r):
     m = r["parallel_async_digits_overlap_seeds"]["digits"]
     c = m["async warmup=2 extrapolate=1"]
     return (
-        f"{fx(c['speedup'])} on 2 processes (wall time, `extrapolate=1`)",
+        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (wall time, `extrapolate=1`)",
         f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (1 process: {pct(m['single']['accuracy'])} / {m['single']['fd']:.2f})",
         "digits",
     )
@@ -209,7 +209,7 @@ def h_parallel_sequence(r):
     rows = [x for x in r["parallel_sequence"]["rows"] if x["output_type"] == "latent"]
     c = max(rows, key=lambda x: x["tokens"])
     return (
-        f"{fx(c['speedup'])} on 2 processes (denoising loop, {c['tokens']} tokens)",
+        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (denoising loop, {c['tokens']} tokens)",
         "identical latents"
         if not c["max_abs_difference"]
         else f"max difference {c['max_abs_difference']:.1e}",
