@@ -17,6 +17,9 @@
 
 ``fastdiff compat`` and ``benchmarks/compat_table.py`` print the matrix; ``tests/test_coexist.py`` runs it.
 
+``sweep_cell`` is the wide sweep's cheap check (every accelerator on every family, guidance on and off, batch 1, two
+steps: tests/test_compat_sweep.py): refused at ``accelerate()``, or finite calls and an exact ``remove()``.
+
 Example::
 
     from fastdiff.eval.compat import check_cell
@@ -28,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import inspect
 import weakref
 from dataclasses import dataclass, field
@@ -37,7 +41,7 @@ import torch
 
 from fastdiff.core.hooks import DirectCallError
 from fastdiff.core.inputs import default_side, make_inputs, model_call
-from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.models import UnsupportedModelError, cfg_enabled, pipeline_facts, separate_cfg
 from fastdiff.core.pipeline import FastPipeline
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.core.siblings import sibling
@@ -339,3 +343,62 @@ def _siblings(cell: Cell, twin, config, base) -> None:
     out = _call(second, twin)
     cell.check(bool(np.isfinite(out).all()), "second wrapper output not finite")
     second.unwrap()
+
+
+SWEEP_STEPS = 2  # enough for every window, interval and expert boundary of MATRIX_SPECS to switch once
+
+
+def guidance_modes(pipe) -> dict[str, dict]:
+    """Batch-1 call arguments with guidance ``on`` (the default scale, or 3 above where guidance stops: Flux's true
+    CFG, with a negative prompt) and ``off`` (``cfg_above``), as the facts give them; ``off`` alone where none guides."""
+    facts = pipeline_facts(pipe)
+    on = make_inputs(pipe, 1, guidance=max(facts.default_guidance, facts.cfg_above + 3.0))
+    guided = {"on": on} if cfg_enabled(pipe, on) or separate_cfg(pipe, on) else {}
+    return {**guided, "off": make_inputs(pipe, 1, guidance=facts.cfg_above)}
+
+
+# pipeline -> (steps, {mode: its plain output})
+_SWEEP_PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def sweep_cell(pipe, spec: str, variant: str | None = None, steps: int = SWEEP_STEPS) -> Cell:
+    """``spec`` on ``pipe`` (a plain diffusers pipeline) under each of ``guidance_modes``; the pipe ends as it began.
+
+    ``refused``: ``accelerate()`` raised an ``AcceleratorError`` naming the spec and the pipeline. ``ok``: every call
+    ran and was finite, and after ``remove()`` the modules and each mode's output are exactly the plain pipeline's.
+    Any other exception (at apply, or in a call: an ``AcceleratorError`` mid-call too) or difference: ``failed``.
+    """
+    cell, modes = Cell(variant or type(pipe).__name__, spec), guidance_modes(pipe)
+
+    def run(target, mode):  # fresh arguments: Z-Image's pipeline rewrites the prompt list it is given
+        kwargs, generator = copy.deepcopy(modes[mode]), torch.Generator().manual_seed(0)
+        return pixels(target(**kwargs, num_inference_steps=steps, output_type="np", generator=generator))
+
+    if _SWEEP_PLAIN.get(pipe, (None,))[0] != steps:  # first: the first call installs transformers' lazy hooks
+        _SWEEP_PLAIN[pipe] = (steps, {mode: run(pipe, mode) for mode in modes})
+    plain, before, fp = _SWEEP_PLAIN[pipe][1], module_state(pipe), FastPipeline(pipe)
+    try:
+        handle = fp.accelerate(spec)
+    except AcceleratorError as error:
+        cell.status = "refused"
+        cell.notes.append(str(error))
+        named = parse(spec)[0].spec_name in str(error) and type(pipe).__name__ in str(error)
+        cell.check(named, f"unclear refusal: {error}")
+    except Exception as error:  # noqa: BLE001 - a crash at apply instead of a refusal fails the cell
+        cell.check(False, f"accelerate() raised {type(error).__name__}, not an AcceleratorError: {error}")
+    else:
+        try:
+            for mode in modes:
+                cell.check(bool(np.isfinite(run(fp, mode)).all()), f"guidance {mode}: output not finite")
+        except Exception as error:  # noqa: BLE001 - applied, then failed mid-call: what the sweep exists to catch
+            cell.check(False, f"guidance {mode}: the call raised {type(error).__name__}: {error}")
+        finally:
+            handle.remove()
+        for mode in modes:
+            same = np.array_equal(run(fp, mode), plain[mode])
+            cell.check(same, f"guidance {mode}: output differs after remove()")
+    finally:
+        fp.unwrap()
+    diffs = state_differences(before, module_state(pipe))
+    cell.check(not diffs, f"modules differ after remove()/unwrap(): {diffs[:3]}")
+    return cell
