@@ -16,6 +16,7 @@ from fastdiff.eval import QUALITY
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.floor import matched_draw
 from fastdiff.eval.quality import (
     ReferenceEval,
     accuracy,
@@ -128,10 +129,18 @@ def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, 
     assert pipeline_directory(pipe) == build_dir
     kwargs = {"class_labels": split["y_test"].tolist(), "num_inference_steps": 50}
     result = digits_quality(pipe, kwargs, nhwc(split["x_test"]), seed=0)
-    assert set(result) == {"accuracy", "fd", "fd_floor"}
+    assert set(result) == {"accuracy", "fd", "fd_floor", "fd_floor_low", "fd_floor_high", "fd_floor_draws",
+                           "fd_ratio", "fd_ratio_low", "fd_ratio_high", "fd_floor_distinct"}  # fmt: skip
     assert result["accuracy"] == accuracy(split["x_test"], split["y_test"], classifier)
     assert abs(result["fd"]) < 1e-3  # the test images against themselves
-    assert result["fd_floor"] == pytest.approx(fd_floor(split["x_train"], split["x_test"], classifier, n=360))
+    # the floor: 5 draws of distinct train images with the test set's digit mix, image for image
+    picks = [matched_draw(split["y_test"], split["y_train"], np.random.default_rng(d))[0] for d in range(5)]
+    assert all(list(split["y_train"][p]) == list(split["y_test"]) and len(set(p)) == len(p) for p in picks)
+    draws = [fd(split["x_train"][p], split["x_test"], classifier) for p in picks]
+    assert result["fd_floor"] == pytest.approx(float(np.median(draws)), rel=1e-3)
+    assert (
+        result["fd_floor_low"] == pytest.approx(min(draws), rel=1e-3) and result["fd_floor_distinct"] is True
+    )
     # cached per directory: the same loaded object, and repeated calls agree
     assert load_reference_eval(build_dir) is load_reference_eval(str(build_dir))
     noisy = np.random.default_rng(0).random((100, 16, 16, 1))
