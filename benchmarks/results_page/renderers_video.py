@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import code, db, fx, num, pct, sec, table
+from .format import code, db, fx, num, pct, sec, selection_tables, table
 from .renderers_flow import CACHING_COLUMNS, r_flow_families, r_teacache_fit
 from .section import GROUPS, Section
 
@@ -37,6 +37,15 @@ _VIDEO_QUALITY = [
     ("FD floor", lambda r: num(r.get("fd_floor"))),
     ("temporal change vs real", lambda r: num(r.get("temporal_ratio"), 3)),
 ]
+
+
+def r_moving_digits_defaults(d: dict) -> str:
+    t = d.get("target", {})
+    return selection_tables(d, _VIDEO_QUALITY[:3]) + (
+        f"\n\n{d.get('clips')} clips per seeded call, UniPC {d.get('steps')} steps. Target: digit and direction "
+        f"accuracy >= {pct(t.get('accuracy_min'), 0)} and FD <= {t.get('fd_max_over_floor')}x the like-for-like floor; "
+        '"met" when the whole FD / floor interval is within it, "undecided" when it straddles it.'
+    )
 
 
 def r_moving_digits_build(d: dict) -> str:
@@ -76,6 +85,14 @@ def r_video_caching(d: dict) -> str:
 
 
 SECTIONS: dict[str, Section] = {
+    "moving_digits_defaults": Section(
+        GROUPS[7],
+        "moving-digits: the default guidance, chosen on one seed and reported on others",
+        "`python -m fastdiff.zoo.reference_video select DIR --json OUT.json`",
+        "The guidance with the lowest FD among those meeting the accuracy targets on the selection seed, and its"
+        " figures (beside WanPipeline's own 5) on the report seeds, against like-for-like floors.",
+        r_moving_digits_defaults,
+    ),
     "moving_digits_build": Section(
         GROUPS[7],
         "The moving-digits build",
