@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import code, db, fx, num, pct, rel, sec, table
+from .format import code, db, fx, num, pct, r_bench, rel, sec, selection_tables, table
 from .renderers_parallel import r_parallel_cfg
 from .section import GROUPS, Section
 
@@ -179,7 +179,25 @@ def r_tune_flow(d: dict) -> str:
     )
 
 
+def r_digits_flow_defaults(d: dict) -> str:
+    t = d.get("target", {})
+    quality = [("accuracy", lambda r: pct(r.get("accuracy"))), ("FD", lambda r: num(r.get("fd")))]
+    return selection_tables(d, quality) + (
+        f"\n\n{d.get('images')} images per seeded call (the bench prompts cycled), flow Euler {d.get('steps')} "
+        f"steps. Target: accuracy >= {pct(t.get('accuracy_min'), 0)} and FD <= {t.get('fd_max_over_floor')}x the "
+        'like-for-like floor; "met" when the whole FD / floor interval is within it.'
+    )
+
+
 SECTIONS: dict[str, Section] = {
+    "digits_flow_defaults": Section(
+        GROUPS[6],
+        "digits-flow: the default guidance, chosen on one seed and reported on another",
+        "`python -m fastdiff.zoo.reference_flow select DIR --json OUT.json`",
+        "The guidance with the lowest FD among those meeting the accuracy target on the selection seed, and its"
+        " figures on the report seed, against a like-for-like floor.",
+        r_digits_flow_defaults,
+    ),
     "flow_caching": Section(
         GROUPS[6],
         "Caching on digits-flow vs diffusers' caches",
@@ -200,6 +218,14 @@ SECTIONS: dict[str, Section] = {
         "`benchmarks/flow_caching.py --fd-bootstrap`",
         "fastdiff's forecast on the same steps as diffusers' TaylorSeer, of the attention layers and of the output.",
         r_flow_caching,
+    ),
+    "digits_flow_first_block_fit": Section(
+        GROUPS[6],
+        "The calibrated first-block threshold on digits-flow, on a seed it was not fitted on",
+        "`fastdiff bench` (the command below)",
+        "blockcache(mode=first-block) with the threshold `fastdiff fit-first-block` fitted within 30 dB on seed 1000,"
+        " beside the default threshold 0.05 and the uncached baseline, on seed 1 (200 images, one run each).",
+        r_bench,
     ),
     "flow_caching_first_block": Section(
         GROUPS[6],
