@@ -37,6 +37,7 @@ from fastdiff import FastPipeline
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -168,7 +169,7 @@ def main(argv=None) -> None:
             "configs": rows,
         }
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"cache_{name}.json").write_text(json.dumps(result, indent=2))
+        (RESULTS / f"cache_{name}.json").write_text(json.dumps(with_provenance(result), indent=2))
         print(f"\n{name}  (loadavg before {before[0]:.1f}, after {os.getloadavg()[0]:.1f})")
         print(table(rows))
 

@@ -19,6 +19,8 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
+from fastdiff.eval.provenance import with_provenance
+
 HERE = Path(__file__).parent
 FIT = "benchmarks/results/moving_digits_teacache_fit.json"  # TeaCache's polynomial fitted on moving-digits
 PRESETS = {
@@ -108,7 +110,7 @@ def main() -> None:
     first, second = (json.loads((tmp / f"{i}.json").read_text()) for i in (1, 2))
     out = merge(first, second, args.preset, f"sh {preset['command']} MODEL {args.count}")
     path = args.out or preset["out"]
-    path.write_text(json.dumps(out, indent=1))
+    path.write_text(json.dumps(with_provenance(out), indent=1))
     for r in out["rows"]:
         extra = f" dir {r['direction_accuracy']:.3f}" if "direction_accuracy" in r else ""
         print(f"{r['name']:22s} {r['speedup']:6.2f}x computed {r['computed']:.3f} acc {r['accuracy']:.3f}{extra} "

@@ -30,6 +30,7 @@ from fastdiff.compress.lowrank import count_params_macs
 from fastdiff.compress.recover import MANIFEST, capture_inputs, compress_model, load_compressed
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.shipped import ensure_digits
 
 # name -> (specs, recovery steps, learning rate, batch): the pruned model is 28% of the original and needs
@@ -120,7 +121,7 @@ def main() -> None:
         "compressions": settings, "rows": rows,
     }  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2, default=str))
     print(
         f"{'model':28} {'params':>8} {'MACs/img':>10} {'s':>7} {'speedup':>7} {'cpu':>5} {'acc':>6} {'fd':>7} (load {load:.1f})"
     )

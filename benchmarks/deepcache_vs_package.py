@@ -30,6 +30,7 @@ from DeepCache import DeepCacheSDHelper
 from fastdiff import FastPipeline
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.tiny import make_pipeline
 
 RESULTS = Path(__file__).parent / "results" / "deepcache_vs_package.json"
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
         f"identical outputs: {summary['outputs_identical_to_package']}; load {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
+    args.json.write_text(json.dumps(with_provenance(result), indent=2))
     return result
 
 

@@ -42,6 +42,7 @@ from fastdiff.compress.lowrank import count_params_macs
 from fastdiff.compress.recover import MANIFEST, capture_inputs, compress_model, load_compressed, recover
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.shipped import ensure_digits
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -159,7 +160,7 @@ def bench(args) -> None:
         "rows": rows,
     }  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    Path(args.json).write_text(json.dumps(with_provenance(result), indent=1, default=str) + "\n")
     print(table(result))
     print(f"wrote {args.json}")
 

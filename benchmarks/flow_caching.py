@@ -60,6 +60,7 @@ from fastdiff.core.tensors import pixels
 from fastdiff.eval import quality_for
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.eval.quality import load_reference_eval
 
 RESULTS = Path(__file__).parent / "results"
@@ -278,7 +279,7 @@ def main() -> None:
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
     if spread:
         result["fd_bootstrap"] = spread
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(with_provenance(result), indent=1))
     print(
         f"{'config':28s} {'cpu s':>8s} {'speedup':>8s} {'computed':>9s} {'acc':>6s} {'fd':>7s} {'psnr':>6s}"
     )

@@ -30,6 +30,7 @@ from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.tensors import pixels
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.tiny import make_pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -121,7 +122,7 @@ def main() -> None:
     names = {"flow": FAMILIES, "video": VIDEO}.get(args.families) or args.families.split(",")
     for name in names:
         out["families"][name] = family(name, args.steps, args.runs, args.size, chosen)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        Path(args.out).write_text(json.dumps(with_provenance(out), indent=1))
         for row in out["families"][name]:
             shown = (
                 row.get("refused")

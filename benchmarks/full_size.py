@@ -46,6 +46,7 @@ from fastdiff import FastPipeline
 from fastdiff.core.inputs import make_inputs
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.eval.compat import matrix_spec
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.full_size import make_full_pipeline
 
 RESULTS = Path(__file__).parent / "results" / "full_size_cpu.json"
@@ -301,11 +302,11 @@ def main(argv=None) -> dict:
         key: str, entry: dict, fields: tuple[str, ...]
     ) -> None:  # replaces an earlier entry of the same fields
         result[key] = [e for e in result[key] if any(e.get(f) != entry[f] for f in fields)] + [entry]
-        args.out.write_text(json.dumps(result, indent=2))
+        args.out.write_text(json.dumps(with_provenance(result), indent=2))
 
     if "dtype-probe" in args.sections:
         result["dtype_probe"] = dtype_probe(args.threads)
-        args.out.write_text(json.dumps(result, indent=2))
+        args.out.write_text(json.dumps(with_provenance(result), indent=2))
     if "matrix" in args.sections:
         for dtype in args.dtypes:
             for model in args.models:

@@ -36,6 +36,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 
 import fastdiff
 from fastdiff import FastPipeline
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.tiny import make_pipeline
 
 PACKAGE = os.path.dirname(fastdiff.__file__)
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                              f"--steps {args.steps} --json {args.json}",
                   "targets_us_per_step": {"no accelerator": 20, "hook-based": 100},
                   "identity": identity, "accelerators": rows}  # fmt: skip
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(json.dumps(with_provenance(result), indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import torch
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs, time_runs
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.parallel.group import tensors_of
 from fastdiff.parallel.launch import launch
 from fastdiff.zoo import build
@@ -228,7 +229,7 @@ def main() -> None:
                                {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator,
                                args.interleave)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
-        path.write_text(json.dumps(out, indent=2))
+        path.write_text(json.dumps(with_provenance(out), indent=2))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
@@ -80,7 +81,7 @@ def main() -> None:
         }
         print(name, json.dumps({k: v for k, v in out[name].items() if k != "call"}), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, default=str))
+    args.out.write_text(json.dumps(with_provenance(out), indent=2, default=str))
 
 
 if __name__ == "__main__":

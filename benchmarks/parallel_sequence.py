@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
@@ -89,7 +90,7 @@ def main() -> None:
               "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
                          + (f" --model MODEL --batch {args.batch} --guidance {guidance:g}" if args.model else "")}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    args.out.write_text(json.dumps(with_provenance(result), indent=1))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from fastdiff.compress.quantize import quantizable_linears
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -170,7 +171,7 @@ def main(argv=None) -> dict:
             )
     result["settings"]["load_average_end"] = os.getloadavg()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2, default=str))
     return result
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.parallel.launch import retain_freed_memory
 from fastdiff.serving.stage_workers import STAGE_FUNCTIONS, STAGES
 from fastdiff.serving.stages import StagePipeline
@@ -137,7 +138,7 @@ def main() -> None:
         result["load_average_after"] = os.getloadavg()  # other jobs on the machine would show here
         out["settings"][name] = {**out["settings"].get(name, {}), **result}
         args.out.parent.mkdir(exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=2))
+        args.out.write_text(json.dumps(with_provenance(out), indent=2))
 
 
 if __name__ == "__main__":

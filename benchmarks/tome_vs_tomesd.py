@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.tiny import make_pipeline
 
 try:
@@ -124,7 +125,7 @@ def main(argv=None) -> dict:
     print(f"tome PSNR - tomesd PSNR: {result['tome_minus_tomesd_psnr_db']:+.2f} dB")
     print(f"load average: {os.getloadavg()}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2))
     return result
 
 

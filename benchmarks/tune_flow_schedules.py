@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.schedulers.tuning import sample, tune
 from fastdiff.schedulers.tuning_flow import flow_spacings
@@ -108,7 +109,7 @@ def main() -> None:
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(result), indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fastdiff.eval.provenance import with_provenance
+
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("tiny-wan", "tiny-cogvideox", "tiny-ltx", "tiny-hunyuan-video")
 CONFIGS = {"plain": "", "vae-tiling": "vae-tiling"}
@@ -93,7 +95,7 @@ def main() -> None:
            "size": "bench", "models": {}}  # fmt: skip
     for name in args.models.split(","):
         out["models"][name] = measure(name, args.side, args.frames)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        Path(args.out).write_text(json.dumps(with_provenance(out), indent=1))
         for row in out["models"][name]:
             extra = f"  x{row['memory_ratio']} less memory, psnr {row['psnr']}" if "psnr" in row else ""
             print(f"{name:20s} {row['config']:12s} peak {row['decode_peak_mb']:8.1f} MB  "

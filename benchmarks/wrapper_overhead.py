@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.zoo.tiny import make_pipeline
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     print(f"overhead: CPU time {100 * (cpu - 1):+.2f}%, wall time {100 * (wall - 1):+.2f}% over {args.pairs} "
           f"interleaved pairs (outputs bit-identical); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2))
 
 
 if __name__ == "__main__":

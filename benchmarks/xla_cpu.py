@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fastdiff.eval.fidelity import psnr
+from fastdiff.eval.provenance import with_provenance
 from fastdiff.xla.infer import tpu_infer
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
@@ -93,7 +94,7 @@ def main() -> None:
             result[f"{name} / {label}"] = {"specs": specs, **call, **entry}
             print(name, label, json.dumps({k: v for k, v in entry.items() if k != "seconds"}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    args.out.write_text(json.dumps(with_provenance(result), indent=2))
     print(f"wrote {args.out}")
 
 

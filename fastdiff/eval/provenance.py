@@ -101,5 +101,16 @@ def provenance(command: str | None = None, load_start: float | None = None) -> d
     }
 
 
+_LOAD_AT_IMPORT = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # a script's load when it started
+
+
+def with_provenance(result):
+    """``result`` (a results dict) with the provenance of this process added; keys the result sets itself (its own
+    ``command``, ``device`` or ``date``) are kept. Non-dict results are returned unchanged."""
+    if not isinstance(result, dict):
+        return result
+    return {**provenance(load_start=_LOAD_AT_IMPORT), **result}
+
+
 __all__ = ["PROVENANCE_KEYS", "LoadError", "load_average", "check_load", "command_line", "git_commit",
-           "device_name", "provenance"]  # fmt: skip
+           "device_name", "provenance", "with_provenance"]  # fmt: skip
