@@ -127,6 +127,20 @@ def test_conflict_declarations_are_symmetric():
             assert (conflict_reason(a, b) is None) == (conflict_reason(b, a) is None), (a, b)
 
 
+def test_two_configs_of_one_accelerator_are_refused_before_anything_changes():
+    fp = FastPipeline(tiny_pipe("tiny-sd"))
+    plain = call(fp, steps=2)
+    with pytest.raises(AcceleratorError, match="one tome at a time"):
+        fp.accelerate("tome(ratio=0.5,sx=1);tome(ratio=0.5,sx=1,sy=3)")
+    assert fp.accelerators == ()
+    handle = fp.accelerate("tome(ratio=0.5)")
+    fp.accelerate("tome(ratio=0.5)")  # the same config again: a no-op
+    with pytest.raises(AcceleratorError, match="one tome at a time"):
+        fp.accelerate("tome(ratio=0.3)")
+    handle.remove()
+    np.testing.assert_array_equal(call(fp, steps=2), plain)
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
