@@ -179,11 +179,11 @@ def conflict_reason(a: Accelerator, b: Accelerator) -> str | None:
     """Why ``a`` and ``b`` cannot be active together, or None if they can."""
     if a.spec_name in b.conflicts_with or b.spec_name in a.conflicts_with:
         return "they are declared incompatible"
-    if a.spec_name == b.spec_name and a != b:
-        return f"one {a.spec_name} at a time (remove the active one to change its options)"
     shared = (a.exclusive & b.touches) | (b.exclusive & a.touches)
     if shared:
         return f"both change {', '.join(sorted(shared))}"
+    if a.spec_name == b.spec_name and a != b:
+        return f"one {a.spec_name} at a time (remove the active one to change its options)"
     return None
 
 
