@@ -1,4 +1,4 @@
-"""``fastdiff distill progressive|consistency``: students that sample in 1-8 steps.
+"""``fastdiff distill progressive|consistency|dmd``: students that sample in 1-8 steps (dmd: one).
 
 Examples::
 
@@ -6,6 +6,7 @@ Examples::
     fastdiff distill progressive digits-flow OUT --from 32 --to 4 --guidance 4 --pool 256   # a flow model
     fastdiff distill consistency TEACHER OUT --skip 20 --guidance-range 2
     fastdiff distill consistency TEACHER OUT --lora 16        # OUT: adapter for lcm-lora(path=OUT)
+    fastdiff distill dmd TEACHER OUT --init PROG/steps-1 --guidance 2   # one step (DMD2)
 
 Registered in ``fastdiff/cli/main.py`` (``COMMAND_MODULES``): ``fastdiff distill progressive ...``.
 """
@@ -50,7 +51,29 @@ def cmd_consistency(args) -> None:
         print(f"adapter in {args.out}; apply it with lcm-lora(path={Path(args.out).resolve()})")
 
 
-def _common(p) -> None:
+def cmd_dmd(args) -> None:
+    from fastdiff.distill.dmd import dmd
+
+    report = dmd(_teacher(args), args.out, init=args.init, method=args.method_loss, guidance=args.guidance,
+                 train_steps=args.train_steps, batch=args.batch, lr=args.lr, fake_lr=args.fake_lr,
+                 fake_updates=args.fake_updates, t_range=args.t_range, regression=args.regression, pairs=args.pairs,
+                 pair_steps=args.pair_steps, ema_decay=args.ema_decay, resume=args.resume, seed=args.seed,
+                 save_every=args.save_every)  # fmt: skip
+    print(json.dumps(report, indent=2, default=str))
+    print(
+        f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)"
+    )
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'low,high' (two numbers), got {text!r}") from None
+    return low, high
+
+
+def _common(p, accumulate: bool = True) -> None:
     p.add_argument(
         "teacher", help="pipeline directory (a UNet; progressive also a flow-matching model) or zoo name"
     )
@@ -62,8 +85,9 @@ def _common(p) -> None:
     p.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
     p.add_argument("--seed", type=NON_NEGATIVE, default=0)
     p.add_argument("--save-every", type=POSITIVE, default=100, help="checkpoint every N steps")
-    p.add_argument("--accumulate", type=POSITIVE, default=1, help="gradient accumulation micro-batches")
-    p.add_argument("--gradient-checkpointing", action="store_true")
+    if accumulate:  # dmd's inner fake-score updates do not split into micro-batches
+        p.add_argument("--accumulate", type=POSITIVE, default=1, help="gradient accumulation micro-batches")
+        p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue an earlier run of this command in OUT")
 
 
@@ -100,4 +124,25 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--sample-steps", type=POSITIVE, default=4, help="default LCM steps of the saved student"
     )
     cons.set_defaults(func=cmd_consistency)
+    dmd = sub.add_parser(
+        "dmd", help="one-step students by distribution matching (DMD2) or score identity (SiD)"
+    )
+    _common(dmd, accumulate=False)
+    dmd.set_defaults(lr=1e-5, func=cmd_dmd)
+    dmd.add_argument("--init", default=None, metavar="DIR",
+                     help="a one-step student to start from (needed unless the teacher predicts v)")  # fmt: skip
+    dmd.add_argument("--loss", dest="method_loss", default="dmd", choices=["dmd", "sid"])
+    dmd.add_argument("--guidance", type=FINITE, default=None, help="teacher's guidance, baked in (default 1)")
+    dmd.add_argument("--train-steps", type=POSITIVE, default=1000, help="generator updates")
+    dmd.add_argument("--fake-lr", type=POSITIVE_FLOAT, default=2e-5)
+    dmd.add_argument(
+        "--fake-updates", type=POSITIVE, default=5, help="fake-score updates per generator update"
+    )
+    dmd.add_argument("--t-range", type=_pair, default=(0.02, 0.98), help="noise levels of the matching loss")
+    dmd.add_argument(
+        "--regression", type=FINITE, default=0.0, help="weight of the MSE to teacher ODE samples"
+    )
+    dmd.add_argument("--pairs", type=POSITIVE, default=256, help="teacher ODE samples for --regression")
+    dmd.add_argument("--pair-steps", type=POSITIVE, default=50, help="teacher DDIM steps per ODE sample")
+    dmd.add_argument("--ema-decay", type=FRACTION, default=None)
     return distill

@@ -1,7 +1,7 @@
 """``student(path=DIR)``: put a distilled student's weights and sampler into the teacher's pipeline.
 
-``DIR`` is a full-weight student saved by ``fastdiff distill progressive`` (``OUT/steps-N``) or ``fastdiff
-distill consistency`` (``OUT``). The accelerator copies the student's denoiser weights into the pipeline's
+``DIR`` is a full-weight student saved by ``fastdiff distill progressive`` or ``dmd`` (``OUT/steps-N``) or
+``fastdiff distill consistency`` (``OUT``). The accelerator copies the student's denoiser weights into the pipeline's
 denoiser in place (the architecture must match: same config and parameter shapes), swaps in the student's
 saved scheduler (DDIM v-prediction on the trailing grid, or LCM on the training grid) and defaults
 ``num_inference_steps`` to the student's step count (or ``steps``). ``remove()`` writes the original weights
@@ -43,6 +43,8 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 HOOK_NAME = "fastdiff.student-guidance"
 GUARD_NAME = "fastdiff.student-direct-call-guard"
+# students that sample only on the timesteps they were trained on (progressive, and the one-step dmd / sid)
+FIXED_GRID = ("progressive", "dmd", "sid")
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Student(DistilledAccelerator):
                 f"(needs model_index.json and {MANIFEST})"
             )
         info = json.loads(manifest.read_text())
-        if info.get("method") not in ("progressive", "consistency"):
+        if info.get("method") not in ("progressive", "consistency", *FIXED_GRID):
             raise AcceleratorError(f"student: {manifest} does not describe a finished student (method "
                                    f"{info.get('method')!r}; a run's OUT of progressive holds steps-N students)")  # fmt: skip
         return info
@@ -118,15 +120,13 @@ class Student(DistilledAccelerator):
         try:
             steps = self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps")
             handles.append(fp.set_call_default("num_inference_steps", int(steps)))
-            if (
-                info.get("method") == "progressive"
-            ):  # its scheduler's timesteps are the ones it was distilled on
+            if info.get("method") in FIXED_GRID:  # its scheduler's timesteps are the ones it was distilled on
                 trained = int(info.get("steps", steps))
                 if int(steps) != trained:
                     raise ValueError(
-                        f"the progressive student at {self.path} was distilled for {trained} steps"
+                        f"the {info['method']} student at {self.path} was distilled for {trained} steps"
                     )
-                handles.append(fp.limit_steps(f"the progressive student at {self.path}", only={trained}))
+                handles.append(fp.limit_steps(f"the {info['method']} student at {self.path}", only={trained}))
             handles.extend(conditional_only(fp, baked_guidance(info)))
         except ValueError as error:  # another accelerator owns that call default
             for handle in reversed(handles):
@@ -168,7 +168,7 @@ class DirectCallGuard(ModelHook):
 
 def baked_guidance(info: dict) -> float:
     """The classifier-free guidance scale a student's manifest says it learned (1: none, or w-embedding)."""
-    if info.get("method") == "progressive":
+    if info.get("method") in FIXED_GRID:
         return float(info.get("guidance_baked_in", 1.0))
     if info.get("w_embedding"):
         return 1.0  # the student takes the scale as an input

@@ -53,6 +53,7 @@ def run_bench(
     devices: int = 1,
     alternate: bool = True,
     max_load: float | None = None,
+    models: dict[str, str | Path | FastPipeline] | None = None,
 ) -> dict:
     """Run every (name, specs) config with the same inputs and seed; return the results dict (also as JSON).
 
@@ -66,6 +67,9 @@ def run_bench(
     times overlap the baseline's is "level" (``speedup_verdict``). With ``max_load`` a round refuses to start
     (``LoadError``) while the load average, less this run's threads, is above it. The result carries its
     provenance (command, commit, date, device, threads, load).
+
+    ``models`` maps a config's name to another pipeline it runs on instead (a compressed copy of the same
+    model, loaded with ``load_compressed``); the inputs and the quality evaluator stay the main model's.
     """
     if runs <= 0:
         raise ValueError(f"runs must be a positive integer, got {runs}")
@@ -81,6 +85,10 @@ def run_bench(
         retain_freed_memory()
     fp = model if isinstance(model, FastPipeline) else FastPipeline.from_pretrained(model)
     fp.pipe.set_progress_bar_config(disable=True)
+    pipes = {name: _load(m) for name, m in (models or {}).items()}
+    unknown = sorted(set(pipes) - {name for name, _ in configs})
+    if unknown:
+        raise ValueError(f"models names {unknown}, which are not configs: {[name for name, _ in configs]}")
     inputs = make_inputs(fp.pipe, batch, guidance)
     for key, value in (("height", height), ("width", width)):
         if value:
@@ -95,7 +103,7 @@ def run_bench(
         for name, specs in configs:
             check_load(max_load, own_threads=torch.get_num_threads())
             bar.set_postfix_str(name if rounds == 1 else f"{name} (round {round_index + 1}/{rounds})")
-            measured = _measure(fp, name, specs, inputs, steps, seed, per_round, warmup, devices, threads, bar,
+            measured = _measure(pipes.get(name, fp), name, specs, inputs, steps, seed, per_round, warmup, devices, threads, bar,
                                 evaluator if round_index == 0 else None)  # fmt: skip
             row = rows.setdefault(name, {"name": name, "specs": specs, "seconds": [], "cpu_seconds": [],
                                          "peak_rss_mb": 0.0})  # fmt: skip
@@ -117,7 +125,7 @@ def run_bench(
             (None, None) if reference is None else (psnr(images, reference), ssim(images, reference))
         )
         reference = images if reference is None else reference
-        row.update(_spread(row, results[0] if results else row))
+        row.update(spread(row, results[0] if results else row))
         results.append(row)
     out = {
         "model": str(getattr(fp.pipe, "name_or_path", "")),
@@ -169,7 +177,18 @@ def _measure(fp, name, specs, inputs, steps, seed, runs, warmup, devices, thread
             handle.remove()
 
 
-def _spread(row: dict, base: dict) -> dict:
+def _load(model: str | Path | FastPipeline) -> FastPipeline:
+    if isinstance(model, FastPipeline):
+        fp = model
+    else:
+        from fastdiff.compress.recover import load_compressed
+
+        fp = load_compressed(model)
+    fp.pipe.set_progress_bar_config(disable=True)
+    return fp
+
+
+def spread(row: dict, base: dict) -> dict:
     """Medians, min and max of a config's runs; its ratios to ``base`` (median ratio, and the min and max of the
     ratios of runs taken in the same round); "level" where the two configs' run times overlap (with >= 3 runs
     each; fewer give no verdict)."""

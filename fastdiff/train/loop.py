@@ -34,10 +34,15 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 CHECKPOINT = "checkpoint.pt"
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss went non-finite (or above ``max_loss``); the last good checkpoint is kept as it was."""
 
 
 def mixed_precision_for(device: torch.device, wanted: str = "auto") -> str:
@@ -92,6 +97,8 @@ def train(
     gradient_checkpointing: bool = False,
     frozen: tuple[torch.nn.Module, ...] = (),
     extra: dict[str, torch.nn.Module] | None = None,
+    state: dict[str, Any] | None = None,
+    max_loss: float | None = None,
     after_step: Callable[[int], None] | None = None,
     schedule: str = "cosine",
     weight_decay: float = 0.0,
@@ -103,7 +110,10 @@ def train(
     """Train ``model`` to minimise ``loss_fn(model, generator, device)``; return a report of the run.
 
     ``frozen`` modules (teachers) are moved to the device in eval mode; ``extra`` modules are moved too and
-    checkpointed (``after_step(step)`` may update them, e.g. an EMA). ``stop_after`` ends this call after that
+    checkpointed (``after_step(step)`` may update them, e.g. an EMA). ``state`` objects (a second model the loss
+    trains with its own optimizer, and that optimizer) are checkpointed as they are, neither moved nor frozen.
+    ``loss_fn`` may return ``(loss, {name: value})``: the values are shown beside the loss. A non-finite loss,
+    or one above ``max_loss``, raises ``TrainingDiverged`` naming the step, before anything is saved. ``stop_after`` ends this call after that
     many steps (checkpointed): a time-boxed run that a later call with ``resume=True`` continues.
     """
     from accelerate import Accelerator
@@ -136,15 +146,17 @@ def train(
     log = out / log_name if out is not None else None
     start, losses = 0, []
     if ckpt is not None and resume and ckpt.is_file():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        lr_schedule.load_state_dict(state["schedule"])
+        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        net.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        lr_schedule.load_state_dict(saved["schedule"])
         for name, module in extra.items():
-            module.load_state_dict(state["extra"][name])
-        if accelerator.scaler is not None and "scaler" in state:
-            accelerator.scaler.load_state_dict(state["scaler"])
-        start, losses = state["step"], state["losses"]
+            module.load_state_dict(saved["extra"][name])
+        for name, obj in (state or {}).items():
+            obj.load_state_dict(saved["state"][name])
+        if accelerator.scaler is not None and "scaler" in saved:
+            accelerator.scaler.load_state_dict(saved["scaler"])
+        start, losses = saved["step"], saved["losses"]
     if log is not None:
         _reset_log(log, start)
     checkpointing = gradient_checkpointing and getattr(net, "_supports_gradient_checkpointing", False)
@@ -161,13 +173,20 @@ def train(
     running = None
     try:
         for step in bar:
-            total = 0.0
+            total, shown = 0.0, {}
             for micro in range(accumulate):
                 g = step_generator(seed, step, micro, accumulate)
                 with accelerator.autocast():
-                    loss = loss_fn(net, g, device) / accumulate
+                    loss = loss_fn(net, g, device)
+                    loss, shown = loss if isinstance(loss, tuple) else (loss, shown)
+                    loss = loss / accumulate
                 accelerator.backward(loss)
                 total += loss.item()
+            if not math.isfinite(total) or (max_loss is not None and total > max_loss):
+                kept = f"{ckpt} (step {_saved_step(ckpt)})" if ckpt is not None and ckpt.is_file() else "none"
+                raise TrainingDiverged(f"{desc}: loss {total:.4g} at step {step + 1} (limit: finite"
+                                       f"{'' if max_loss is None else f', <= {max_loss:g}'}); last good checkpoint: "
+                                       f"{kept}")  # fmt: skip
             if max_grad_norm is not None:
                 accelerator.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
@@ -177,19 +196,20 @@ def train(
                 after_step(step)
             losses.append(total)
             running = total if running is None else 0.9 * running + 0.1 * total
-            bar.set_postfix(loss=f"{running:.4g}")
+            bar.set_postfix(loss=f"{running:.4g}", **{k: f"{v:.4g}" for k, v in shown.items()})
             done = step + 1
             if log is not None:
                 with log.open("a", newline="") as f:
                     csv.writer(f).writerow([done, f"{total:.6g}", f"{lr_schedule.get_last_lr()[0]:.6g}",
                                             f"{time.perf_counter() - started:.3f}"])  # fmt: skip
             if ckpt is not None and (done % save_every == 0 or done == end):
-                state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                saved = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
                          "schedule": lr_schedule.state_dict(), "step": done, "losses": losses,
-                         "extra": {k: m.state_dict() for k, m in extra.items()}}  # fmt: skip
+                         "extra": {k: m.state_dict() for k, m in extra.items()},
+                         "state": {k: obj.state_dict() for k, obj in (state or {}).items()}}  # fmt: skip
                 if accelerator.scaler is not None:
-                    state["scaler"] = accelerator.scaler.state_dict()
-                atomic_save(ckpt, state)
+                    saved["scaler"] = accelerator.scaler.state_dict()
+                atomic_save(ckpt, saved)
     finally:
         bar.close()
         if checkpointing:
@@ -222,6 +242,10 @@ def _reset_log(log: Path, start: int) -> None:
         writer = csv.writer(f)
         writer.writerow(["step", "loss", "lr", "seconds"])
         writer.writerows(rows)
+
+
+def _saved_step(ckpt: Path) -> int:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["step"]
 
 
 def _rss_mib() -> float:

@@ -1,0 +1,153 @@
+"""fastdiff distill dmd: one-step students by distribution matching (DMD2) and score identity (SiD)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fastdiff.cli.main import main
+from fastdiff.distill.common import (
+    MANIFEST,
+    Batches,
+    DistillError,
+    alphas,
+    fresh_copy,
+    load_student,
+    load_teacher,
+)
+from fastdiff.distill.dmd import _loss, dmd
+from fastdiff.distill.progressive import progressive
+from fastdiff.train.loop import TrainingDiverged, train
+from fastdiff.zoo import build
+
+TINY = {"batch": 2, "save_every": 1, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dmd")
+    path = build("tiny-ddpm", root / "teacher", size="test")
+    progressive(path, root / "prog", start=2, end=1, steps_per_round=2, batch=2, progress=False)
+    return path, root / "prog" / "steps-1"
+
+
+def _weights(directory):
+    fp = load_student(directory)
+    return {k: v.clone() for k, v in fp.denoiser.state_dict().items()}
+
+
+def test_student_samples_in_one_call_with_its_recorded_sampler(teacher, tmp_path):
+    path, init = teacher
+    main(["distill", "dmd", str(path), str(tmp_path / "s"), "--init", str(init), "--train-steps", "2",
+          "--batch", "2", "--regression", "0.5", "--pairs", "4", "--pair-steps", "2", "--ema-decay", "0.9"])  # fmt: skip
+    student = tmp_path / "s" / "steps-1"
+    info = json.loads((student / MANIFEST).read_text())
+    assert info["method"] == "dmd" and info["steps"] == 1 and info["ema"]
+    assert info["load_accelerators"] == "scheduler(name=ddim,steps=1)"
+    assert (tmp_path / "s" / "train" / "pairs.pt").is_file() and (student / "loss.csv").is_file()
+    fp = load_student(student)
+    fp.pipe.set_progress_bar_config(disable=True)
+    images = fp(batch_size=2, output_type="np", generator=torch.Generator().manual_seed(0)).images
+    assert images.shape[0] == 2 and fp.context.nfe == 1
+    assert torch.isfinite(torch.as_tensor(images)).all()
+    assert json.loads((tmp_path / "s" / MANIFEST).read_text())["done"]
+
+
+@pytest.mark.parametrize("method", ["dmd", "sid"])
+def test_a_killed_run_resumes_to_the_same_weights(teacher, tmp_path, method):
+    path, init = teacher
+    dmd(path, tmp_path / "whole", init=init, method=method, train_steps=3, **TINY)
+    first = dmd(path, tmp_path / "cut", init=init, method=method, train_steps=3, stop_after=2, **TINY)
+    assert first["out"] is None and not (tmp_path / "cut" / "steps-1").exists()
+    dmd(path, tmp_path / "cut", init=init, method=method, train_steps=3, resume=True, **TINY)
+    whole, cut = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
+    assert all(torch.equal(whole[k], cut[k]) for k in whole)
+    start = _weights(init)
+    assert any(not torch.equal(whole[k], start[k]) for k in whole)  # it trained
+
+
+@pytest.mark.parametrize("method", ["dmd", "sid"])
+def test_the_matching_loss_vanishes_when_the_fake_score_is_the_teacher(teacher, method):
+    path, init = teacher
+    fp = load_teacher(path)
+    config = fp.pipe.scheduler.config
+    batches = Batches(fp, path, 2, 0)
+    gen = fresh_copy(fp.denoiser)
+    fake = fresh_copy(fp.denoiser).requires_grad_(True)
+    frozen = torch.optim.SGD(fake.parameters(), lr=0.0)  # the fake score stays equal to the teacher
+    cpu = torch.device("cpu")
+
+    def matching_loss():
+        make = _loss(batches, fp.denoiser, fake, frozen, "epsilon", 1.0, alphas(config), 1000, 20, 980, 1, method,
+                     1.2, 0.0, None)  # fmt: skip
+        return make(gen, torch.Generator().manual_seed(0), cpu)
+
+    loss, shown = matching_loss()
+    assert loss.abs().item() < 1e-6 and shown["fake"] > 0
+    with torch.no_grad():  # a fake score that differs from the teacher gives a gradient
+        for p in fake.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loss, _ = matching_loss()
+    assert loss.abs().item() > 1e-4
+
+
+def test_bad_input_is_refused_before_training(teacher, tmp_path):
+    path, init = teacher
+    with pytest.raises(DistillError, match="predicts epsilon.*progressive"):
+        dmd(path, tmp_path / "a", **TINY)
+    with pytest.raises(DistillError, match="not a one-step student"):
+        dmd(path, tmp_path / "b", init=path, **TINY)
+    other = build("tiny-sd", tmp_path / "sd", size="test")
+    with pytest.raises(DistillError, match="student of another teacher"):
+        dmd(other, tmp_path / "c", init=init, **TINY)
+    with pytest.raises(DistillError, match="t-range"):
+        dmd(path, tmp_path / "d", init=init, t_range=(0.5, 0.2), **TINY)
+    with pytest.raises(DistillError, match="method"):
+        dmd(path, tmp_path / "e", init=init, method="gan", **TINY)
+    with pytest.raises(DistillError, match="not a diffusers pipeline"):
+        dmd(tmp_path, tmp_path / "f", init=init, **TINY)
+    assert not any((tmp_path / n).exists() for n in "abcdef")
+    dmd(path, tmp_path / "g", init=init, train_steps=1, **TINY)
+    with pytest.raises(DistillError, match="not an earlier run"):  # a resume whose options differ
+        dmd(path, tmp_path / "g", init=init, train_steps=2, resume=True, **TINY)
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    net = torch.nn.Linear(2, 1)
+
+    def loss_fn(model, g, device):
+        step = len(calls)
+        calls.append(step)
+        out = model(torch.ones(1, 2)).sum()
+        return out * float("nan") if step == 3 else out
+
+    calls: list[int] = []
+    with pytest.raises(TrainingDiverged, match=r"nan at step 4.*checkpoint.pt \(step 2\)"):
+        train(net, loss_fn, 6, lr=1e-2, out_dir=tmp_path, save_every=2, progress=False)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == 2 and all(torch.isfinite(v).all() for v in saved["model"].values())
+
+
+def test_snapshots_are_picked_on_selection_seeds_and_reported_on_others(tmp_path):
+    from fastdiff import FastPipeline
+
+    teacher = build("digits", tmp_path / "digits", size="bench")
+    progressive(
+        teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, guidance=2.0, progress=False
+    )
+    dmd(teacher, tmp_path / "s", init=tmp_path / "prog" / "steps-1", guidance=2.0, train_steps=2, snapshot_every=1,
+        pick_images=20, **TINY)  # fmt: skip
+    info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
+    selection = info["selection"]
+    assert selection["candidates"] == ["step-000001", "step-000002"]
+    assert selection["selection_seeds"] == [0] and selection["report_seeds"] == [1]
+    assert {r["seed"] for r in selection["selection"]} == {0} and info["validated"]["1"][0]["seed"] == 1
+    assert info["validated"]["1"][0]["snapshot"] == selection["choice"]
+    fp = FastPipeline.from_pretrained(teacher)
+    fp.pipe.set_progress_bar_config(disable=True)
+    handle = fp.accelerate(f"student(path={tmp_path / 's' / 'steps-1'})")
+    fp(class_labels=[1, 2], guidance_scale=2.0, output_type="np")
+    assert fp.context.nfe == 1  # one call, the conditional half only
+    handle.remove()
