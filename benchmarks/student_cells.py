@@ -28,8 +28,8 @@ def main() -> None:
             consistency(teacher, root / f"{base}-{kind}", guidance_range="2", lora=lora, train_steps=2, batch=2,
                         skip=100, progress=False)  # fmt: skip
         for variant in variants:
-            for spec in (f"student(path={root / (base + '-full')},steps=3)",
-                         f"lcm-lora(path={root / (base + '-lora')},steps=3)"):  # fmt: skip
+            for spec in (f"student(path={root / (base + '-full')},steps=4)",
+                         f"lcm-lora(path={root / (base + '-lora')},steps=4)"):  # fmt: skip
                 pipe = make_pipeline(variant, "test")
                 pipe.set_progress_bar_config(disable=True)
                 cell = check_cell(pipe, spec, variant)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,12 +13,13 @@ from fastdiff.distill.common import (
     MANIFEST,
     Batches,
     DistillError,
-    alphas,
     fresh_copy,
     load_student,
     load_teacher,
 )
-from fastdiff.distill.dmd import _loss, dmd
+from fastdiff.distill.dmd import dmd
+from fastdiff.distill.dmd_loss import dmd_loss_fn
+from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import progressive
 from fastdiff.train.loop import TrainingDiverged, train
 from fastdiff.zoo import build
@@ -72,7 +74,6 @@ def test_a_killed_run_resumes_to_the_same_weights(teacher, tmp_path, method):
 def test_the_matching_loss_vanishes_when_the_fake_score_is_the_teacher(teacher, method):
     path, init = teacher
     fp = load_teacher(path)
-    config = fp.pipe.scheduler.config
     batches = Batches(fp, path, 2, 0)
     gen = fresh_copy(fp.denoiser)
     fake = fresh_copy(fp.denoiser).requires_grad_(True)
@@ -80,8 +81,8 @@ def test_the_matching_loss_vanishes_when_the_fake_score_is_the_teacher(teacher, 
     cpu = torch.device("cpu")
 
     def matching_loss():
-        make = _loss(batches, fp.denoiser, fake, frozen, "epsilon", 1.0, alphas(config), 1000, 20, 980, 1, method,
-                     1.2, 0.0, None)  # fmt: skip
+        make = dmd_loss_fn(process_for(fp.pipe.scheduler), "sample", batches, fp.denoiser, fake, frozen, 1.0, 20, 980,
+                           1, method, 1.2, 0.0, None)  # fmt: skip
         return make(gen, torch.Generator().manual_seed(0), cpu)
 
     loss, shown = matching_loss()
@@ -108,7 +109,17 @@ def test_bad_input_is_refused_before_training(teacher, tmp_path):
         dmd(path, tmp_path / "e", init=init, method="gan", **TINY)
     with pytest.raises(DistillError, match="not a diffusers pipeline"):
         dmd(tmp_path, tmp_path / "f", init=init, **TINY)
-    assert not any((tmp_path / n).exists() for n in "abcdef")
+    with pytest.raises(DistillError, match="disjoint"):
+        dmd(
+            path,
+            tmp_path / "h",
+            init=init,
+            snapshot_every=1,
+            selection_seeds=(0, 1),
+            report_seeds=(1,),
+            **TINY,
+        )
+    assert not any((tmp_path / n).exists() for n in "abcdefh")
     dmd(path, tmp_path / "g", init=init, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="not an earlier run"):  # a resume whose options differ
         dmd(path, tmp_path / "g", init=init, train_steps=2, resume=True, **TINY)
@@ -143,11 +154,79 @@ def test_snapshots_are_picked_on_selection_seeds_and_reported_on_others(tmp_path
     selection = info["selection"]
     assert selection["candidates"] == ["step-000001", "step-000002"]
     assert selection["selection_seeds"] == [0] and selection["report_seeds"] == [1]
-    assert {r["seed"] for r in selection["selection"]} == {0} and info["validated"]["1"][0]["seed"] == 1
-    assert info["validated"]["1"][0]["snapshot"] == selection["choice"]
+    assert {r["seed"] for r in selection["selection"]} == {0} and info["measured"]["1"]["seed"] == 1
+    assert info["measured"]["1"]["snapshot"] == selection["choice"] and info["validated"] == [1]
     fp = FastPipeline.from_pretrained(teacher)
     fp.pipe.set_progress_bar_config(disable=True)
     handle = fp.accelerate(f"student(path={tmp_path / 's' / 'steps-1'})")
     fp(class_labels=[1, 2], guidance_scale=2.0, output_type="np")
     assert fp.context.nfe == 1  # one call, the conditional half only
     handle.remove()
+
+
+def test_students_are_refused_at_step_counts_they_were_not_validated_for(teacher, tmp_path):
+    from fastdiff import AcceleratorError, FastPipeline
+    from fastdiff.distill.consistency import consistency
+
+    path, _ = teacher
+    consistency(path, tmp_path / "lcm", train_steps=1, batch=2, progress=False)
+    info = json.loads((tmp_path / "lcm" / MANIFEST).read_text())
+    assert info["validated"] == [1, 2, 4, 8] and set(info["measured"]) == {"1", "2", "4", "8"}
+    assert all(row["finite"] and row["seed"] == 1 for row in info["measured"].values())
+    fp = FastPipeline.from_pretrained(path)
+    fp.pipe.set_progress_bar_config(disable=True)
+    with pytest.raises(
+        AcceleratorError, match=r"validated for steps \[1, 2, 4, 8\], not 3.*unvalidated=true"
+    ):
+        fp.accelerate(f"student(path={tmp_path / 'lcm'},steps=3)")
+    handle = fp.accelerate(f"student(path={tmp_path / 'lcm'},steps=3,unvalidated=true)")
+    fp(batch_size=1, output_type="np")
+    assert fp.context.nfe == 3
+    handle.remove()
+
+
+def test_the_validation_rule_keeps_counts_near_the_best_and_old_students_their_default():
+    from fastdiff.core.registry import AcceleratorError
+    from fastdiff.distill.validate import check_validated, validated_counts
+
+    assert validated_counts({"steps": 4, "sample_with": {"num_inference_steps": 4}}) == [4]  # saved before
+    info = {"validated": [2, 4], "measured": {"1": {"accuracy": 0.236, "fd": 402.6}}}
+    with pytest.raises(AcceleratorError, match=r"measured at 1: 23.6% accuracy, FD 402.60"):
+        check_validated("student", "/s", info, 1, unvalidated=False)
+    check_validated("student", "/s", info, 1, unvalidated=True)
+    check_validated("student", "/s", info, 4, unvalidated=False)
+
+
+def test_a_flow_teacher_gives_a_one_step_flow_student(tmp_path):
+    from fastdiff import FastPipeline
+
+    teacher = build("digits-flow", tmp_path / "digits-flow", size="test")
+    with pytest.raises(DistillError, match="regression"):
+        dmd(teacher, tmp_path / "r", regression=1.0, **TINY)
+    for method in (
+        "dmd",
+        "sid",
+    ):  # from the teacher's own weights: it predicts velocity, as the generator does
+        result = dmd(teacher, tmp_path / method, method=method, guidance=2.0, train_steps=2, **TINY)
+        info = json.loads((tmp_path / method / "steps-1" / MANIFEST).read_text())
+        assert info["load_accelerators"] == "scheduler(name=flow-euler,steps=1)"
+        assert result["train"]["loss_first"] is not None
+    fp = FastPipeline.from_pretrained(teacher)
+    fp.pipe.set_progress_bar_config(disable=True)
+    before = fp(
+        prompt=["a seven"],
+        output_type="np",
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+    )
+    handle = fp.accelerate(f"student(path={tmp_path / 'dmd' / 'steps-1'})")
+    images = fp(prompt=["a seven", "a two"], guidance_scale=2.0, output_type="np").images
+    assert fp.context.nfe == 1 and np.isfinite(images).all()
+    handle.remove()
+    after = fp(
+        prompt=["a seven"],
+        output_type="np",
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert np.array_equal(before.images, after.images)

@@ -58,7 +58,9 @@ def cmd_dmd(args) -> None:
                  train_steps=args.train_steps, batch=args.batch, lr=args.lr, fake_lr=args.fake_lr,
                  fake_updates=args.fake_updates, t_range=args.t_range, regression=args.regression, pairs=args.pairs,
                  pair_steps=args.pair_steps, ema_decay=args.ema_decay, resume=args.resume, seed=args.seed,
-                 save_every=args.save_every)  # fmt: skip
+                 save_every=args.save_every, snapshot_every=args.snapshot_every,
+                 selection_seeds=tuple(args.selection_seeds), report_seeds=tuple(args.report_seeds),
+                 pick_images=args.pick_images)  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
     print(
         f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)"
@@ -145,4 +147,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     dmd.add_argument("--pairs", type=POSITIVE, default=256, help="teacher ODE samples for --regression")
     dmd.add_argument("--pair-steps", type=POSITIVE, default=50, help="teacher DDIM steps per ODE sample")
     dmd.add_argument("--ema-decay", type=FRACTION, default=None)
+    dmd.add_argument("--snapshot-every", type=POSITIVE, default=None,
+                     help="keep the student every N updates; save the one picked on --selection-seeds")  # fmt: skip
+    dmd.add_argument("--selection-seeds", type=NON_NEGATIVE, nargs="+", default=[0])
+    dmd.add_argument("--report-seeds", type=NON_NEGATIVE, nargs="+", default=[1])
+    dmd.add_argument("--pick-images", type=POSITIVE, default=500, help="images per seed when picking")
     return distill

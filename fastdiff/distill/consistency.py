@@ -51,6 +51,7 @@ from fastdiff.distill.common import (
     start_run,
     to_eps_x0,
 )
+from fastdiff.distill.validate import validate_student
 from fastdiff.train.inputs import denoiser_output, to_device
 from fastdiff.train.loop import train
 
@@ -178,6 +179,8 @@ def consistency(
     shutil.move(str(work / "loss.csv"), str(out / "loss.csv"))
     shutil.rmtree(work)
     finish_run(out, info)
+    counts = sorted(n for n in {1, 2, 4, 8, sample_steps} if n <= total // skip)
+    validate_student(out, teacher_dir, steps=counts)  # records which of these counts the student is good for
     return json.loads((out / MANIFEST).read_text())
 
 

@@ -27,6 +27,7 @@ from fastdiff.core.hooks import Handle, HandleGroup
 from fastdiff.core.models import require_prediction
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
+from fastdiff.distill.validate import check_validated
 
 ADAPTER_NAME = "fastdiff-lcm"
 
@@ -59,6 +60,8 @@ class LcmLora(DistilledAccelerator):
 
         require_prediction(fp, "lcm-lora")  # LCMScheduler's consistency step is a noise-schedule one
         info = self.manifest()
+        steps = self.steps or info.get("steps", 4)
+        check_validated(self.spec_name, self.path, info, steps, self.unvalidated)
         den, pipe = fp.denoiser, fp.pipe
         if adapter_layout(den):
             raise AcceleratorError("lcm-lora: the denoiser already carries peft adapters; unload them first")
@@ -88,7 +91,7 @@ class LcmLora(DistilledAccelerator):
 
         handles = [Handle(restore)]
         try:
-            handles.append(fp.set_call_default("num_inference_steps", self.steps or info.get("steps", 4)))
+            handles.append(fp.set_call_default("num_inference_steps", steps))
             handles.extend(conditional_only(fp, baked_guidance(info)))
         except ValueError as error:  # another accelerator owns that call default
             for handle in reversed(handles):

@@ -47,6 +47,7 @@ from fastdiff.distill.common import (
     trailing_grid,
 )
 from fastdiff.distill.flow import FlowBatches, check_flow_teacher, flow_grid, flow_round_loss
+from fastdiff.distill.validate import validate_student
 from fastdiff.train.inputs import denoiser_output, to_device
 from fastdiff.train.loop import train
 
@@ -144,6 +145,7 @@ def progressive(
             save_pipeline(fp, student.cpu(), scheduler, round_dir, info, teacher_dir)
             shutil.move(str(work / "loss.csv"), str(round_dir / "loss.csv"))
             shutil.rmtree(work)
+            validate_student(round_dir, teacher_dir, steps=(n,))
             rounds[n] = report
         teacher, kind, uncond_on = (
             student.eval().requires_grad_(False),

@@ -40,6 +40,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, install_hook
 from fastdiff.core.models import model_prediction, pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.distill.validate import check_validated
 
 HOOK_NAME = "fastdiff.student-guidance"
 GUARD_NAME = "fastdiff.student-direct-call-guard"
@@ -53,6 +54,9 @@ class DistilledAccelerator(Accelerator):
 
     path: str
     steps: int | None = None
+    unvalidated: bool = (
+        False  # allow a step count the student was not measured at (fastdiff.distill.validate)
+    )
 
     kind = "compress"
     touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
@@ -119,6 +123,7 @@ class Student(DistilledAccelerator):
         handles = [Handle(restore)]
         try:
             steps = self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps")
+            check_validated(self.spec_name, self.path, info, int(steps), self.unvalidated)
             handles.append(fp.set_call_default("num_inference_steps", int(steps)))
             if info.get("method") in FIXED_GRID:  # its scheduler's timesteps are the ones it was distilled on
                 trained = int(info.get("steps", steps))

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-step students of the digits reference by distribution matching (fastdiff distill dmd), beside the
+# teacher and the progressive 1-step student they start from, in one `fastdiff bench` run per guidance.
+# Usage: benchmarks/onestep_digits.sh [ROOT] [GUIDANCE ...]   (default /tmp/fastdiff-onestep, guidance 2 then 1)
+# Each guidance: progressive 16 -> 1 (as benchmarks/train_students.sh), then DMD from its 1-step student for
+# $DMD_STEPS generator updates (default 1200, batch 64, 5 fake-score updates each), snapshots every 100 picked
+# on seed 0 (500 images); then the bench on seed 1 (report seed: disjoint from the pick), 500 images, 3
+# alternating rounds, one thread. Training wall time and peak memory: /usr/bin/time lines in ROOT/time-*.txt
+# and the students' fastdiff_distill.json. Re-running resumes unfinished training.
+set -euo pipefail
+ROOT=${1:-/tmp/fastdiff-onestep}
+shift || true
+GUIDANCES=${*:-2 1}
+FD=${FASTDIFF:-fastdiff}
+OUT=$(dirname "$0")/results
+STEPS=${DMD_STEPS:-1200}
+mkdir -p "$ROOT"
+TEACHER="$ROOT/digits"
+[ -f "$TEACHER/model_index.json" ] || $FD zoo build digits "$TEACHER" --size bench
+done_run() { [ -f "$1/fastdiff_distill.json" ] && grep -q '"done": true' "$1/fastdiff_distill.json"; }
+run() {  # run NAME CMD...: skip a finished run, resume an interrupted one
+  local name=$1; shift
+  if done_run "$ROOT/$name"; then echo "== $name: done"; return; fi
+  local resume=""; [ -d "$ROOT/$name" ] && resume="--resume"
+  echo "== $name $(date +%T)"
+  /usr/bin/time -o "$ROOT/time-$name.txt" -f "$name: %e s wall, peak RSS %M KiB" "$@" $resume
+  cat "$ROOT/time-$name.txt"
+}
+for g in $GUIDANCES; do
+  tag="g${g%.*}"
+  run "progressive-$tag" $FD distill progressive "$TEACHER" "$ROOT/progressive-$tag" --from 16 --to 1 \
+    --guidance "$g" --steps-per-round 400 --batch 32 --save-every 200
+  run "dmd-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$tag" --init "$ROOT/progressive-$tag/steps-1" \
+    --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
+    --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
+  $FD bench "$TEACHER" --guidance "$g" --threads 1 --runs 3 --seed 1 --json "$OUT/onestep_$tag.json" \
+    --config "teacher DDIM 50=scheduler(name=ddim,steps=50)" \
+    --config "teacher dpm++2m 10=scheduler(name=dpm++2m,steps=10)" \
+    --config "progressive 1=student(path=$ROOT/progressive-$tag/steps-1)" \
+    --config "dmd 1=student(path=$ROOT/dmd-$tag/steps-1)"
+done

@@ -1,0 +1,134 @@
+"""The losses of ``fastdiff distill dmd``: DMD2's distribution-matching gradient or SiD's score-identity loss
+for the generator, the fake score's denoising loss, and the optional regression to the teacher's ODE samples.
+
+Written for any ``fastdiff.distill.process`` (diffusion or flow): the denoisers are read through it, so one
+code path serves epsilon, v and flow-velocity teachers, UNets and transformers (``key`` names the sample input).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fastdiff.train.inputs import denoiser_output, to_device
+
+
+def guided_x0(process, model, key, x_t, levels, cond, uncond, scale: float):
+    """x0 of ``model`` at ``x_t`` and ``levels``, classifier-free guided at ``scale`` when ``uncond`` is given."""
+    timestep = process.timestep(levels).to(x_t.device)
+    x0 = process.x0(
+        denoiser_output(model, {key: x_t, "timestep": timestep, **cond})[:, : x_t.shape[1]], x_t, levels
+    )
+    if uncond is None or scale == 1:
+        return x0
+    out = denoiser_output(model, {key: x_t, "timestep": timestep, **uncond})[:, : x_t.shape[1]]
+    x0_u = process.x0(out, x_t, levels)
+    return x0_u + scale * (x0 - x0_u)
+
+
+def generate(process, gen, key, z, cond):
+    """The generator's one-call sample from pure noise ``z``."""
+    timestep = process.generator_timestep(z.shape[0]).to(z.device)
+    return process.generator_x0(
+        denoiser_output(gen, {key: z, "timestep": timestep, **cond})[:, : z.shape[1]], z
+    )
+
+
+def teacher_pairs(process, teacher, batches, key, scale, count, steps, seed, path) -> dict:
+    """``count`` (noise, teacher sample, conditioning) pairs by ``steps`` deterministic (DDIM / flow Euler) steps
+    of the guided teacher, saved to ``path`` once and reused on resume."""
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    g = torch.Generator().manual_seed(seed + 7919)
+    levels = process.ode_levels(steps)
+    noises, samples, conds = [], [], []
+    for _ in range(-(-count // batches.size)):
+        _, cond, uncond = batches.batch(g)
+        z = torch.randn((batches.size, *batches.shape), generator=g)
+        x = z
+        with torch.no_grad():
+            for i, level in enumerate(levels):
+                now = torch.full((z.shape[0],), int(level))
+                x0 = guided_x0(process, teacher, key, x, now, cond, uncond if scale > 1 else None, scale)
+                if i + 1 == len(levels):
+                    x = x0
+                else:
+                    x = process.noise(
+                        x0, process.noise_from(x, x0, now), torch.full_like(now, int(levels[i + 1]))
+                    )[0]
+        noises.append(z)
+        samples.append(x)
+        conds.append(cond)
+    pairs = {"noise": torch.cat(noises)[:count], "sample": torch.cat(samples)[:count],
+             "cond": {k: torch.cat([c[k] for c in conds])[:count] if torch.is_tensor(conds[0][k]) else conds[0][k]
+                      for k in conds[0]}}  # fmt: skip
+    torch.save(pairs, path)
+    return pairs
+
+
+def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method, sid_alpha,
+                regression, pool):  # fmt: skip
+    """``loss_fn(generator, g, device)`` for ``fastdiff.train.loop.train``: ``fake_updates`` fake-score steps on
+    fresh generator samples, then the generator's loss (and the losses shown beside it)."""
+    total = process.total
+
+    def levels_between(n, lo, hi, g, device):
+        return torch.randint(lo, hi + 1, (n,), generator=g).to(device)
+
+    def fresh(gen, g, device, cond):
+        return generate(
+            process, gen, key, torch.randn((batches.size, *batches.shape), generator=g).to(device), cond
+        )
+
+    def loss_fn(gen, g, device):
+        _, cond, uncond = batches.batch(g)
+        cond, uncond = to_device(cond, device), (to_device(uncond, device) if scale > 1 else None)
+        fake_losses = []
+        for _ in range(fake_updates):  # the fake score follows the generator (two time-scale)
+            with torch.no_grad():
+                x_g = fresh(gen, g, device, cond)
+            levels = levels_between(x_g.shape[0], 0, total - 1, g, device)
+            noise = torch.randn(x_g.shape, generator=g).to(device)
+            x_t, timestep = process.noise(x_g, noise, levels)
+            pred = denoiser_output(fake, {key: x_t, "timestep": timestep, **cond})[:, : x_t.shape[1]]
+            f_loss = F.mse_loss(pred, process.target(x_g, noise, levels))
+            fake_opt.zero_grad(set_to_none=True)
+            f_loss.backward()
+            fake_opt.step()
+            fake_losses.append(f_loss.item())
+        fake.requires_grad_(False)
+        try:
+            x_g = fresh(gen, g, device, cond)
+            levels = levels_between(x_g.shape[0], low, high, g, device)
+            noise = torch.randn(x_g.shape, generator=g).to(device)
+            dims = tuple(range(1, x_g.dim()))
+            if method == "dmd":
+                with torch.no_grad():
+                    x_t = process.noise(x_g.detach(), noise, levels)[0]
+                    real = guided_x0(process, teacher, key, x_t, levels, cond, uncond, scale)
+                    fake_x0 = guided_x0(process, fake, key, x_t, levels, cond, None, 1.0)
+                    norm = (x_g - real).abs().mean(dim=dims, keepdim=True).clamp_min(1e-5)
+                    grad = torch.nan_to_num((fake_x0 - real) / norm)
+                loss = 0.5 * F.mse_loss(x_g, (x_g - grad).detach())
+            else:  # SiD: through both denoisers' inputs, their weights fixed
+                x_t = process.noise(x_g, noise, levels)[0]
+                real = guided_x0(process, teacher, key, x_t, levels, cond, uncond, scale)
+                fake_x0 = guided_x0(process, fake, key, x_t, levels, cond, None, 1.0)
+                with torch.no_grad():
+                    norm = (x_g - real).abs().mean(dim=dims, keepdim=True).clamp_min(1e-5)
+                gap = real - fake_x0
+                loss = (gap * ((real - x_g) - sid_alpha * gap) / norm).mean()
+        finally:
+            fake.requires_grad_(True)
+        shown = {"fake": sum(fake_losses) / len(fake_losses), method: loss.item()}
+        if pool is not None:
+            i = torch.randint(0, pool["noise"].shape[0], (batches.size,), generator=g)
+            pc = to_device({k: v[i] if torch.is_tensor(v) else v for k, v in pool["cond"].items()}, device)
+            reg = F.mse_loss(
+                generate(process, gen, key, pool["noise"][i].to(device), pc), pool["sample"][i].to(device)
+            )
+            shown["regression"] = reg.item()
+            loss = loss + regression * reg
+        return loss, shown
+
+    return loss_fn
