@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fastdiff.compress.recover import MANIFEST, compress_model
+from fastdiff import FastPipeline
+from fastdiff.compress.recover import MANIFEST, compress_model, load_compressed
 from fastdiff.eval.bench import run_bench, spread
 from fastdiff.zoo.shipped import ensure_digits
 
@@ -77,6 +78,14 @@ def bench(args) -> None:
                        max_load=args.max_load,
                        models={"prune 0.5 recovered": pruned, "lowrank 0.9 recovered": lowrank})  # fmt: skip
     rows = result["configs"]
+    sizes = {"prune 0.5 recovered": pruned, "lowrank 0.9 recovered": lowrank}
+    for row in rows:  # the denoiser's parameters as the row ran it (the low-rank one factored again)
+        fp = (
+            load_compressed(sizes[row["name"]])
+            if row["name"] in sizes
+            else FastPipeline.from_pretrained(model)
+        )
+        row["params"] = sum(p.numel() for p in fp.denoiser.parameters())
     dpm = next(r for r in rows if r["name"] == "dpm++2m 20")
     for row in rows:
         row["vs_dpm"] = {
