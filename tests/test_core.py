@@ -259,6 +259,23 @@ def test_step_context_published_to_hooks(sd, guidance, branches):
     assert sd.context.nfe == 4
 
 
+def test_install_hooks_is_all_or_nothing(sd):
+    from fastdiff.core.hooks import has_hook, install_hooks
+
+    blocks = list(sd.denoiser.down_blocks)
+    taken = install_hook(blocks[1], Recorder(sd.context), "test.all-or-nothing")
+    with pytest.raises(RuntimeError, match="already installed"):  # the second pair fails: the first comes off
+        install_hooks(
+            [(blocks[0], Recorder(sd.context)), (blocks[1], Recorder(sd.context))], "test.all-or-nothing"
+        )
+    assert not has_hook(blocks[0], "test.all-or-nothing") and has_hook(blocks[1], "test.all-or-nothing")
+    taken.remove()
+    group = install_hooks([(b, Recorder(sd.context)) for b in blocks], "test.all-or-nothing")
+    assert all(has_hook(b, "test.all-or-nothing") for b in blocks)
+    group.remove()
+    assert not any(has_hook(b, "test.all-or-nothing") for b in blocks)
+
+
 def test_dit_branch_layout_is_cond_first(pipes):
     fp = FastPipeline(pipes["tiny-dit"])
     fp(**call_kwargs(fp.pipe, guidance=4.0))

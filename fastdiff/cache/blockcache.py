@@ -43,7 +43,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.cache.deepcache import BranchCache
 from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of, read_fit
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, block_io, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -263,15 +263,7 @@ class BlockCache(Accelerator):
                     layer = getattr(block, name, None)
                     if layer is not None:
                         targets.append((layer, _Reuse(state, f"{i}.{name}")))
-        handles = []
-        try:
-            for module, hook in targets + [(model, _Controller(state))]:
-                handles.append(install_hook(module, hook, "fastdiff.blockcache", fp.context))
-        except BaseException:
-            for handle in reversed(handles):
-                handle.remove()
-            raise
-        group = HandleGroup(handles)
+        group = install_hooks(targets + [(model, _Controller(state))], "fastdiff.blockcache", fp.context)
         group.info.update(state=state)
         return group
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -340,20 +340,8 @@ class DeepCache(Accelerator):
             )
         layout = plan(unet, self.branch)
         state = _State(self, layout)
-        handles = []
-        try:
-            for key, module in layout.skipped:
-                handles.append(install_hook(module, _Skip(state, key), "fastdiff.deepcache", fp.context))
-            handles.append(
-                install_hook(layout.source[1], _Source(fp.context, state), "fastdiff.deepcache", fp.context)
-            )
-            handles.append(
-                install_hook(unet, _Controller(fp.context, state), "fastdiff.deepcache", fp.context)
-            )
-        except BaseException:
-            for handle in reversed(handles):
-                handle.remove()
-            raise
-        group = HandleGroup(handles)
+        hooks = [(module, _Skip(state, key)) for key, module in layout.skipped]
+        hooks += [(layout.source[1], _Source(fp.context, state)), (unet, _Controller(fp.context, state))]
+        group = install_hooks(hooks, "fastdiff.deepcache", fp.context)
         group.info.update(plan=layout, state=state)
         return group

@@ -42,7 +42,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import attention_layers
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors, stack_image_lists, unstack_like
@@ -200,14 +200,8 @@ class Forecast(Accelerator):
         pipeline_facts(fp.pipe)  # UnsupportedModelError for a pipeline without facts
         if self.at == "output":
             return install_hook(fp.denoiser, self._hook(fp), HOOK_NAME, fp.context)
-        handles = []
-        try:
-            for layer in attention_layers(fp.denoiser, "forecast(at=attention)"):
-                handles.append(install_hook(layer, self._hook(fp), HOOK_NAME, fp.context))
-        except BaseException:
-            HandleGroup(handles).remove()
-            raise
-        return HandleGroup(handles)
+        layers = attention_layers(fp.denoiser, "forecast(at=attention)")
+        return install_hooks(((layer, self._hook(fp)) for layer in layers), HOOK_NAME, fp.context)
 
     def _hook(self, fp) -> ForecastHook:
         gap = None if self.after_warmup is None else self.after_warmup + 1

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, HandleGroup, install_hooks
 from fastdiff.core.models import TEXT_ENCODER_ATTRS, UnsupportedModelError
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -185,14 +185,8 @@ class PromptCache(Accelerator):
                 f"{', '.join(TEXT_ENCODER_ATTRS)} (prompt pipelines such as StableDiffusion(XL)Pipeline have)"
             )
         lrus = {attr: _LRU(self.size) for attr in encoders}
-        handles = []
-        try:
-            for attr, module in encoders.items():
-                handles.append(install_hook(module, PromptCacheHook(lrus[attr]), HOOK_NAME, fp.context))
-        except BaseException:
-            for h in reversed(handles):
-                h.remove()
-            raise
+        hooks = [(module, PromptCacheHook(lrus[attr])) for attr, module in encoders.items()]
+        handles = install_hooks(hooks, HOOK_NAME, fp.context).handles
 
         def stats() -> dict:
             per = {

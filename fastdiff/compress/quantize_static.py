@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import HandleGroup, install_hook
+from fastdiff.core.hooks import HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.registry import AcceleratorError
 
 HOOK_NAME = "fastdiff.quantize-static"
@@ -259,17 +259,13 @@ def apply_static(fp, calibration_batch: int, calibration_steps: int):
             fp.pipe.__dict__.pop("_progress_bar_config", None)
         else:
             fp.pipe._progress_bar_config = bar_config
-    handles = []
-    try:
+    with all_or_nothing() as handles:
         for name, module in units:
             state = states[name]
             if not state.inputs:
                 continue  # never called in this pipeline (e.g. a skipped branch): left in floating point
             state.calibrate()
             handles.append(install_hook(module, _StaticHook(state, name), HOOK_NAME))
-    except BaseException:
-        HandleGroup(handles).remove()
-        raise
     if not handles:
         raise AcceleratorError(
             "quantize(mode=int8-static): the calibration call ran none of the denoiser's blocks"

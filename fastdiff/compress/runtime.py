@@ -44,7 +44,7 @@ from diffusers.models.attention_processor import (
 )
 from torch.utils._pytree import tree_map_only
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.models import denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -135,8 +135,7 @@ class Compile(Accelerator):
             )
         options = {"mode": self.mode} if self.backend == "inductor" else {}
         by_function: dict = {}
-        handles = []
-        try:
+        with all_or_nothing() as handles:
             for _, unit in units:
                 forward = unit.forward
                 function = getattr(forward, "__func__", None)
@@ -147,9 +146,6 @@ class Compile(Accelerator):
                 cudagraphs = self.backend == "inductor" and self.mode != "default"
                 hook = _CompiledHook(by_function[key], bound=not shared, cudagraphs=cudagraphs)
                 handles.append(install_hook(unit, hook, "fastdiff.compile"))
-        except BaseException:
-            HandleGroup(handles).remove()
-            raise
         return HandleGroup(handles)
 
 
@@ -197,15 +193,11 @@ class Fuse(Accelerator):
     def apply(self, fp) -> Handle:
         denoiser = fp.denoiser
         denoiser_facts(denoiser, "fuse")
-        handles = []
-        try:
+        with all_or_nothing() as handles:
             if self.qkv:
                 handles.append(self._fuse_qkv(denoiser))
             if self.channels_last:
                 handles.append(self._channels_last(denoiser))
-        except BaseException:
-            HandleGroup(handles).remove()
-            raise
         return HandleGroup(handles)
 
     @staticmethod

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
@@ -327,14 +327,10 @@ class ToMe(Accelerator):
                 f"tome(max_downsample={self.max_downsample}): {type(denoiser).__name__} has self-attention only "
                 f"at downsample {', '.join(map(str, sorted(found))) or 'none'}; raise max_downsample to merge"
             )
-        handles = []
-        try:
+        with all_or_nothing() as handles:
             for name, module, level in units:
                 handles += self._hook_unit(name, module, level, state)
             handles.append(install_hook(denoiser, _SizeHook(state), "fastdiff.tome.size", state.context))
-        except BaseException:
-            HandleGroup(handles).remove()
-            raise
         return HandleGroup(handles)
 
     def _hook_unit(self, name: str, module, level: int, state: _State) -> list[Handle]:

@@ -30,7 +30,8 @@ Example::
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -115,6 +116,35 @@ class GatedHook(ModelHook):
         else:
             output = self.fn_ref.original_forward(*args, **kwargs)
         return self.hook.post_forward(module, output)
+
+
+@contextmanager
+def all_or_nothing(handles: list[Handle] | None = None) -> Iterator[list[Handle]]:
+    """Collect the handles of one ``apply``; if the block raises, remove them (last first) and re-raise, so a
+    failed ``apply`` leaves the pipeline as it found it.
+
+    Example::
+
+        with all_or_nothing() as handles:
+            for layer in layers:
+                handles.append(install_hook(layer, hook, "fastdiff.x", fp.context))
+        return HandleGroup(handles)
+    """
+    handles = [] if handles is None else handles
+    try:
+        yield handles
+    except BaseException:
+        for handle in reversed(handles):
+            handle.remove()
+        raise
+
+
+def install_hooks(pairs: Iterable[tuple[torch.nn.Module, ModelHook]], name: str, context=None) -> HandleGroup:
+    """``install_hook`` for every (module, hook) of ``pairs`` as ``name``, all or nothing (``all_or_nothing``)."""
+    with all_or_nothing() as handles:
+        for module, hook in pairs:
+            handles.append(install_hook(module, hook, name, context))
+    return HandleGroup(handles)
 
 
 def install_hook(module: torch.nn.Module, hook: ModelHook, name: str, context=None) -> Handle:

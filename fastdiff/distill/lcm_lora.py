@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastdiff.core.foreign import adapter_layout
-from fastdiff.core.hooks import Handle, HandleGroup
+from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing
 from fastdiff.core.models import require_prediction
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
@@ -89,14 +89,12 @@ class LcmLora(DistilledAccelerator):
             pipe.scheduler = original
             _unwrap(den, BaseTunerLayer, had_config)
 
-        handles = [Handle(restore)]
-        try:
-            handles.append(fp.set_call_default("num_inference_steps", steps))
-            handles.extend(conditional_only(fp, baked_guidance(info)))
-        except ValueError as error:  # another accelerator owns that call default
-            for handle in reversed(handles):
-                handle.remove()
-            raise AcceleratorError(f"lcm-lora: {error}") from error
+        with all_or_nothing([Handle(restore)]) as handles:
+            try:
+                handles.append(fp.set_call_default("num_inference_steps", steps))
+                handles.extend(conditional_only(fp, baked_guidance(info)))
+            except ValueError as error:  # another accelerator owns that call default
+                raise AcceleratorError(f"lcm-lora: {error}") from error
         return HandleGroup(handles)
 
 

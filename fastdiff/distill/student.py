@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, install_hook
+from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.models import model_prediction, pipeline_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.distill.validate import check_validated
@@ -99,6 +99,8 @@ class Student(DistilledAccelerator):
         from diffusers import SchedulerMixin
 
         info = self.manifest()
+        steps = int(self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps"))
+        check_validated(self.spec_name, self.path, info, steps, self.unvalidated)
         folder = Path(self.path).expanduser()
         den, pipe = fp.denoiser, fp.pipe
         weights = _student_weights(den, folder / fp.denoiser_name, self.path)
@@ -120,23 +122,23 @@ class Student(DistilledAccelerator):
         with torch.no_grad():
             den.load_state_dict(weights)
         pipe.scheduler = scheduler
-        handles = [Handle(restore)]
-        try:
-            steps = self.steps or info.get("sample_with", {}).get("num_inference_steps") or info.get("steps")
-            check_validated(self.spec_name, self.path, info, int(steps), self.unvalidated)
-            handles.append(fp.set_call_default("num_inference_steps", int(steps)))
-            if info.get("method") in FIXED_GRID:  # its scheduler's timesteps are the ones it was distilled on
-                trained = int(info.get("steps", steps))
-                if int(steps) != trained:
-                    raise ValueError(
-                        f"the {info['method']} student at {self.path} was distilled for {trained} steps"
+        with all_or_nothing([Handle(restore)]) as handles:
+            try:
+                handles.append(fp.set_call_default("num_inference_steps", steps))
+                if (
+                    info.get("method") in FIXED_GRID
+                ):  # its scheduler's timesteps are the ones it was trained on
+                    trained = int(info.get("steps", steps))
+                    if steps != trained:
+                        raise ValueError(
+                            f"the {info['method']} student at {self.path} was distilled for {trained} steps"
+                        )
+                    handles.append(
+                        fp.limit_steps(f"the {info['method']} student at {self.path}", only={trained})
                     )
-                handles.append(fp.limit_steps(f"the {info['method']} student at {self.path}", only={trained}))
-            handles.extend(conditional_only(fp, baked_guidance(info)))
-        except ValueError as error:  # another accelerator owns that call default
-            for handle in reversed(handles):
-                handle.remove()
-            raise AcceleratorError(f"student: {error}") from error
+                handles.extend(conditional_only(fp, baked_guidance(info)))
+            except ValueError as error:  # another accelerator owns that call default
+                raise AcceleratorError(f"student: {error}") from error
         return HandleGroup(handles)
 
 

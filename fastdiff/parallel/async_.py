@@ -49,7 +49,7 @@ from typing import ClassVar, Literal
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.core.hooks import HandleGroup, install_hook
+from fastdiff.core.hooks import HandleGroup, install_hooks
 from fastdiff.core.models import UnsupportedModelError, denoiser_facts
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of
@@ -237,18 +237,12 @@ def install_async(fp, config: ParallelAsync, stage: int, ranks: list[int], group
         raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
                                f"split, fewer than stages={stages}")  # fmt: skip
     state = AsyncState(fp.context, config, stage, ranks, group)
-    handles = []
-    try:
-        for name, module in units.items():
-            handles.append(install_hook(module, StageUnitHook(state, name), HOOK_NAME, fp.context))
-        for name, module in _blocks(fp.denoiser).items():
-            if name not in units:
-                handles.append(install_hook(module, BlockReadHook(state, name), HOOK_NAME, fp.context))
-        handles.append(install_hook(fp.denoiser, AsyncDenoiserHook(state), HOOK_NAME, fp.context))
-    except BaseException:
-        for handle in reversed(handles):
-            handle.remove()
-        raise
-    group_handle = HandleGroup(handles)
+    hooks = [(module, StageUnitHook(state, name)) for name, module in units.items()]
+    hooks += [
+        (module, BlockReadHook(state, name))
+        for name, module in _blocks(fp.denoiser).items()
+        if name not in units
+    ]
+    group_handle = install_hooks(hooks + [(fp.denoiser, AsyncDenoiserHook(state))], HOOK_NAME, fp.context)
     group_handle.info.update(state=state)
     return group_handle

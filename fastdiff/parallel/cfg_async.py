@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from fastdiff.core.hooks import HandleGroup
+from fastdiff.core.hooks import HandleGroup, all_or_nothing
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.async_ import ParallelAsync, install_async, stage_units
 from fastdiff.parallel.cfg import ParallelCfg, guidance_branches, install_branch_split
@@ -40,10 +40,7 @@ class ParallelCfgAsync(ParallelAsync):
         branch, stage = divmod(self.group_rank(), stages)
         ranks, stage_group = subgroups(stages, branches, by="stage")[branch]
         _, branch_group = subgroups(stages, branches, by="branch")[stage]
-        handles = [install_async(fp, self, stage, ranks, stage_group)]
-        try:  # outside the stages' hook: it hands each stage one branch's half batch
+        with all_or_nothing([install_async(fp, self, stage, ranks, stage_group)]) as handles:
+            # outside the stages' hook: it hands each stage one branch's half batch
             handles.append(install_branch_split(fp, branches, branch, branch_group))
-        except BaseException:
-            handles[0].remove()
-            raise
         return HandleGroup(handles)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from fastdiff.core.hooks import HandleGroup
+from fastdiff.core.hooks import HandleGroup, all_or_nothing
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.cfg import ParallelCfg, branch_count, install_branch_split
 from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
@@ -47,10 +47,7 @@ class ParallelCfgUlysses(SequenceParallelConfig):
         mesh = init_device_mesh(
             fp.pipe.device.type, (branches, 1, share), mesh_dim_names=("cfg", "ring", "ulysses")
         )
-        handles = [self.enable(fp, ulysses_degree=share, mesh=mesh["ring", "ulysses"])]
-        try:  # outside the sequence split: each branch's ranks see that branch's batch
+        with all_or_nothing([self.enable(fp, ulysses_degree=share, mesh=mesh["ring", "ulysses"])]) as handles:
+            # outside the sequence split: each branch's ranks see that branch's batch
             handles.append(install_branch_split(fp, branches, branch, mesh["cfg"].get_group()))
-        except BaseException:
-            handles[0].remove()
-            raise
         return HandleGroup(handles)
