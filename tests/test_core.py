@@ -337,6 +337,21 @@ def test_bench_reports_every_key(tmp_path):
     assert result["command"].startswith("python") or "bench" in result["command"]
 
 
+def test_bench_runs_a_config_on_its_own_compressed_model(tmp_path):
+    from fastdiff.compress.recover import compress_model
+    from fastdiff.eval.bench import run_bench
+
+    model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
+    compress_model(model, tmp_path / "pruned", "prune(ratio=0.5)", recover_steps=0, progress=False)
+    result = run_bench(model, [("plain", ""), ("pruned", ""), ("again", "")], steps=2, runs=1, threads=1,
+                       models={"pruned": tmp_path / "pruned"})  # fmt: skip
+    plain, pruned, again = result["configs"]
+    assert pruned["model"] == str(tmp_path / "pruned") and "model" not in plain
+    assert again["psnr"] == float("inf") and pruned["psnr"] < 100  # the pruned weights really ran
+    with pytest.raises(ValueError, match="not configs"):
+        run_bench(model, [("plain", "")], steps=2, runs=1, models={"typo": tmp_path / "pruned"})
+
+
 def test_bench_alternates_configs_and_refuses_a_busy_machine(monkeypatch):
     from fastdiff.eval import bench
     from fastdiff.eval.provenance import LoadError

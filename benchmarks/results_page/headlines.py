@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .format import db, find, fx, pct, rel, table
+from .format import db, find, fx, pct, rel, spread, table
 
 
 def _compared(c: dict, base: dict, speed: str, model: str, label: str = "without") -> tuple[str, str, str]:
@@ -15,10 +15,20 @@ def _compared(c: dict, base: dict, speed: str, model: str, label: str = "without
     return speed, quality, model
 
 
+def _digits(r, name: str) -> dict:
+    """A row of the one-run digits table (benchmarks/accelerators_digits.py): every digits row, one baseline."""
+    return find(r["accelerators_digits"]["configs"], "name", name)
+
+
+def _vs_dpm(r, name: str, what: str, label: str = "dpm++2m 20") -> tuple[str, str, str]:
+    """A digits row against dpm++2m 20 (the sampler it runs on), its ratio's range over the rounds."""
+    c, base = _digits(r, name), _digits(r, "dpm++2m 20")
+    return _compared(c, base, f"{spread(c['vs_dpm'], 'cpu_speedup')} {what}", "digits", label)
+
+
 def h_scheduler(r):
-    d = r["reference_shipped_g1"]["configs"]
-    base, c = find(d, "name", "ddim50"), find(d, "name", "dpm++2m20")
-    return _compared(c, base, f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (dpm++2m 20)", "digits", "DDIM 50")
+    base, c = _digits(r, "ddim 50"), _digits(r, "dpm++2m 20")
+    return _compared(c, base, f"{spread(c, 'cpu_speedup')} vs DDIM 50 (dpm++2m 20)", "digits", "DDIM 50")
 
 
 def h_schedule(r):
@@ -32,9 +42,7 @@ def h_schedule(r):
 
 
 def h_deepcache(r):
-    d = r["cache_digits"]["configs"]
-    base, c = d[0], find(d, "specs", "scheduler(name=dpm++2m,steps=20);deepcache(interval=3,branch=0)")
-    return _compared(c, base, f"{fx(c['cpu_speedup'])} (interval 3)", "digits")
+    return _vs_dpm(r, "deepcache 3", "(interval 3, on dpm++2m 20)")
 
 
 def h_blockcache(r):
@@ -85,33 +93,26 @@ def h_tome(r):
 
 
 def h_quantize(r):
-    d = r["quantize_static"]["models"][0]["configs"]
-    base, c = find(d, "name", "fp32"), find(d, "name", "int8-static")
     sd15 = next(t for t in r["full_size_cpu"]["timed"] if t["section"] == "quantize" and t["model"] == "sd15")
     lose = find(sd15["rows"], "config", "int8-static")
-    speed = (f"{fx(c['cpu_speedup'])} (int8-static, x86 CPU, tiny model, batch 500); "
-             f"{fx(lose['speedup'])} on SD 1.5 at {sd15['side']} px (one image)")  # fmt: skip
-    return _compared(c, base, speed, "digits; SD 1.5 size", "fp32")
+    speed, quality, _ = _vs_dpm(r, "int8-static", "(int8-static, x86 CPU, batch 500)", "fp32")
+    return (
+        f"{speed}; {fx(lose['speedup'])} on SD 1.5 at {sd15['side']} px (one image)",
+        quality,
+        "digits; SD 1.5 size",
+    )
 
 
 def h_prune(r):
-    d = r["compress_digits"]["rows"]
-    base, c = d["original"], d["prune+recover10000"]
-    return _compared(
-        c,
-        base,
-        f"{fx(c['cpu_speedup'])} at {c['params'] / base['params']:.0%} of the parameters (ratio 0.5, recovered)",
-        "digits",
-        "original",
+    c = _digits(r, "prune 0.5 recovered")
+    share = c["params"] / _digits(r, "dpm++2m 20")["params"]
+    return _vs_dpm(
+        r, "prune 0.5 recovered", f"at {share:.0%} of the parameters (ratio 0.5, recovered)", "original"
     )
 
 
 def h_lowrank(r):
-    d = r["compress_digits"]["rows"]
-    base, c = d["original"], d["lowrank+recover1000"]
-    return _compared(
-        c, base, f"{fx(c['cpu_speedup'])} (energy 0.9, recovered: slower at this size)", "digits", "original"
-    )
+    return _vs_dpm(r, "lowrank 0.9 recovered", "(energy 0.9, recovered)", "original")
 
 
 def _runtime(r, name):
@@ -158,9 +159,7 @@ def h_vae_tiling(r):
 
 
 def h_experts(r):
-    d = r["experts_digits"]["rows"]
-    base, c = d["full"], d["experts 0.75"]
-    return _compared(c, base, f"{fx(c['cpu_speedup'])} (pruned model on 75% of the steps)", "digits", "full")
+    return _vs_dpm(r, "experts 0.75", "(pruned model on 75% of the steps)", "full")
 
 
 def h_student(r):
@@ -231,7 +230,7 @@ HEADLINES = [
         "scheduler(name, steps)",
         "swaps in one of 17 sampler presets (diffusers schedulers)",
         "samplers.md",
-        ("reference_shipped_g1",),
+        ("accelerators_digits",),
         h_scheduler,
     ),
     Headline(
@@ -245,7 +244,7 @@ HEADLINES = [
         "deepcache(interval, branch, schedule, warmup)",
         "reuses a UNet's deep features between full steps",
         "caching.md",
-        ("cache_digits",),
+        ("accelerators_digits",),
         h_deepcache,
     ),
     Headline(
@@ -294,14 +293,14 @@ HEADLINES = [
         "quantize(mode)",
         "int8 / fp8 weights and activations through torchao",
         "compression.md",
-        ("quantize_static", "full_size_cpu"),
+        ("accelerators_digits", "full_size_cpu"),
         h_quantize,
     ),
     Headline(
         "prune(ratio, importance)",
         "channel pruning of UNets, FFN widths and heads of DiTs",
         "compression.md",
-        ("compress_digits",),
+        ("accelerators_digits",),
         h_prune,
     ),
     Headline("sparsity(pattern, amount)", "weight masks (unstructured or 2:4)", "compression.md", (), None),
@@ -309,7 +308,7 @@ HEADLINES = [
         "lowrank(energy, rank, targets)",
         "SVD factorization of linear and conv layers",
         "compression.md",
-        ("compress_digits",),
+        ("accelerators_digits",),
         h_lowrank,
     ),
     Headline(
@@ -338,7 +337,7 @@ HEADLINES = [
         "experts(models, boundaries)",
         "a different denoiser per part of the trajectory",
         "experts.md",
-        ("experts_digits",),
+        ("accelerators_digits",),
         h_experts,
     ),
     Headline(

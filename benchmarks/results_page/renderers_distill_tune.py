@@ -125,7 +125,40 @@ def r_tune_side_by_side(d: dict) -> str:
     return out
 
 
+def r_onestep_split(d: dict) -> str:
+    rows = [(name, row) for name, model in d["models"].items() for row in model]
+    parts = ("denoiser", "vae", "text encoder", "scheduler", "other")
+    return table(
+        [("model", lambda r: r[0]), ("batch", lambda r: r[1]["batch"]), ("px", lambda r: r[1]["side"] or "default"),
+         ("s per call", lambda r: sec(r[1]["seconds"]["total"])),
+         *[(p, lambda r, p=p: pct(r[1]["share"].get(p), 0)) for p in parts]],
+        rows,
+    )  # fmt: skip
+
+
 SECTIONS: dict[str, Section] = {
+    "onestep_g2": Section(
+        GROUPS[4],
+        "One-step students by distribution matching, guidance 2",
+        "`benchmarks/onestep_digits.sh`",
+        "The DMD student (snapshot picked on seed 0) beside the teacher and the progressive 1-step student it "
+        "starts from, measured on seed 1 in alternating rounds.",
+        r_bench,
+    ),
+    "onestep_g1": Section(
+        GROUPS[4],
+        "One-step students by distribution matching, guidance 1",
+        "`benchmarks/onestep_digits.sh`",
+        "As at guidance 2, unguided.",
+        r_bench,
+    ),
+    "onestep_split": Section(
+        GROUPS[4],
+        "Where a one-step call spends its time",
+        "`benchmarks/onestep_split.py`",
+        "Text encoder, denoiser and VAE decode shares of a one-denoiser-call pipeline call (CPU).",
+        r_onestep_split,
+    ),
     "distill_g2": Section(
         GROUPS[4],
         "Distilled students, guidance 2",

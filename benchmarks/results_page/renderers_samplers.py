@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import code, db, fx, num, pct, r_bench, rel, sec, table
+from .format import code, db, fx, num, over_floor, pct, r_bench, rel, sec, spread, table
 from .section import GROUPS, Section
 
 
@@ -104,7 +104,34 @@ def r_digits_sd_seeds(d: dict) -> str:
     )
 
 
+def r_accelerators_digits(d: dict) -> str:
+    head = (f"{d['settings']['batch']} images, seed {d['settings']['seed']}, {d['settings']['runs']} alternating "
+            f"rounds, {d['settings']['processes']}. Ratios are of CPU time, with their range over the rounds.\n\n")  # fmt: skip
+    return head + table(
+        [
+            ("config", lambda c: c["name"]),
+            ("specs", lambda c: code(c["specs"])),
+            ("parameters", lambda c: f"{c['params']:,}" if c.get("params") else None),
+            ("CPU s (median)", lambda c: sec(c["cpu_seconds_median"])),
+            ("vs DDIM 50", lambda c: spread(c, "cpu_speedup")),
+            ("vs dpm++2m 20", lambda c: spread(c["vs_dpm"], "cpu_speedup")),
+            ("accuracy", lambda c: pct(c["accuracy"])),
+            ("FD", lambda c: num(c["fd"])),
+            ("FD / floor", over_floor),
+        ],
+        d["configs"],
+    )
+
+
 SECTIONS: dict[str, Section] = {
+    "accelerators_digits": Section(
+        GROUPS[0],
+        "Every digits accelerator in one run",
+        "`benchmarks/accelerators_digits.py bench`",
+        "The README's digits rows against one baseline, side by side in alternating rounds (pruned and low-rank "
+        "models recovered by `benchmarks/accelerators_digits.py build`).",
+        r_accelerators_digits,
+    ),
     "reference_shipped_g1": Section(
         GROUPS[0],
         "The shipped digits reference, guidance 1",

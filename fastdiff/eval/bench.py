@@ -113,6 +113,8 @@ def run_bench(
             if round_index == 0:
                 images_of[name] = measured.pop("images")
                 row.update(measured)
+                if name in pipes:  # the compressed copy this config ran on
+                    row["model"] = str(getattr(pipes[name].pipe, "name_or_path", ""))
     bar.close()
     results, reference = [], None
     for name, _ in configs:

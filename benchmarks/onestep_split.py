@@ -1,0 +1,70 @@
+"""Where the time of a one-step call goes: text encoder, denoiser, VAE decode, scheduler, other, at one
+denoiser call per image (what a one-step student costs), on digits-flow and at SD 1.5 size.
+
+Run (alone: about 3 minutes on 2 CPU cores, most of it building the SD 1.5-size pipeline)::
+
+    .venv/bin/python -m benchmarks.onestep_split --runs 3
+
+Models: digits-flow (``fastdiff zoo build digits-flow --size bench``: SD3 pipeline, 32 px latents; batch 1 and
+64) and SD 1.5 (the zoo's full-size build, random weights, 512 px, batch 1). Each call is
+``num_inference_steps=1``, guidance 1 (a student bakes guidance in). ``fastdiff.eval.profile.profile_call``
+times each component with named hooks; after one warm-up call, ``--runs`` calls; the medians are reported
+with each component's share. Writes ``benchmarks/results/onestep_split.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from fastdiff import FastPipeline
+from fastdiff.core.inputs import make_inputs
+from fastdiff.eval.profile import profile_call
+from fastdiff.eval.provenance import load_average, provenance
+from fastdiff.zoo import build
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def split(fp, batch: int, runs: int, side: int | None = None) -> dict:
+    call = dict(make_inputs(fp.pipe, batch, 1.0), output_type="np", num_inference_steps=1)
+    if side:
+        call.update(height=side, width=side)
+    fp(**call)  # warm-up
+    rows = [profile_call(fp, call, top=1)[0] for _ in range(runs)]
+    median = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
+    return {"batch": batch, "side": side, "seconds": median,
+            "share": {k: v / median["total"] for k, v in median.items() if k != "total"},
+            "runs": rows}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--work", default="/tmp/fastdiff-onestep-split")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=str(RESULTS / "onestep_split.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load_start, work, models = load_average(), Path(args.work), {}
+    flow = FastPipeline.from_pretrained(build("digits-flow", work / "digits-flow", size="bench"))
+    flow.pipe.set_progress_bar_config(disable=True)
+    models["digits-flow"] = [split(flow, b, args.runs) for b in (1, 64)]
+    del flow
+    sd15 = FastPipeline.from_pretrained(build("sd15", work / "sd15", size="full"))
+    sd15.pipe.set_progress_bar_config(disable=True)
+    models["sd15"] = [split(sd15, 1, args.runs, side=512)]
+    result = {"models": models, "threads": args.threads, **provenance(load_start=load_start)}
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    for name, rows in models.items():
+        for row in rows:
+            parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(row["share"].items(), key=lambda kv: -kv[1]))
+            print(f"{name} batch {row['batch']}: {row['seconds']['total']:.3f} s ({parts})")
+
+
+if __name__ == "__main__":
+    main()
