@@ -121,7 +121,7 @@ def test_bad_input_is_refused_before_training(teacher, tmp_path):
         )
     assert not any((tmp_path / n).exists() for n in "abcdefh")
     dmd(path, tmp_path / "g", init=init, train_steps=1, **TINY)
-    with pytest.raises(DistillError, match="not an earlier run"):  # a resume whose options differ
+    with pytest.raises(DistillError, match=r"options that differ: train_steps \(saved 1, now 2\)"):
         dmd(path, tmp_path / "g", init=init, train_steps=2, resume=True, **TINY)
 
 
@@ -152,7 +152,7 @@ def test_snapshots_are_picked_on_selection_seeds_and_reported_on_others(tmp_path
         pick_images=20, **TINY)  # fmt: skip
     info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
     selection = info["selection"]
-    assert selection["candidates"] == ["step-000001", "step-000002"]
+    assert selection["candidates"] == ["step-000000", "step-000001", "step-000002"]  # the start is one
     assert selection["selection_seeds"] == [0] and selection["report_seeds"] == [1]
     assert {r["seed"] for r in selection["selection"]} == {0} and info["measured"]["1"]["seed"] == 1
     assert info["measured"]["1"]["snapshot"] == selection["choice"] and info["validated"] == [1]
@@ -230,3 +230,17 @@ def test_a_flow_teacher_gives_a_one_step_flow_student(tmp_path):
         generator=torch.Generator().manual_seed(0),
     )
     assert np.array_equal(before.images, after.images)
+
+
+def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):
+    from fastdiff import FastPipeline
+
+    student = build("digits-onestep", tmp_path / "onestep", size="test")
+    info = json.loads((student / MANIFEST).read_text())
+    assert info["method"] == "dmd" and info["guidance_baked_in"] == 2.0
+    fp = FastPipeline.from_pretrained(build("digits", tmp_path / "digits", size="bench"))
+    fp.pipe.set_progress_bar_config(disable=True)
+    handle = fp.accelerate(f"student(path={student},steps=1)")
+    images = fp(class_labels=[0, 9], guidance_scale=2.0, output_type="np").images
+    assert fp.context.nfe == 1 and images.shape[0] == 2
+    handle.remove()

@@ -26,17 +26,24 @@ SNAPSHOTS = "snapshots"
 
 
 def snapshotter(folder: Path, every: int, module: torch.nn.Module) -> Callable[[int], None]:
-    """An ``after_step`` that saves ``module``'s weights as ``folder/step-N.safetensors`` every ``every`` steps."""
+    """An ``after_step`` that saves ``module``'s weights as ``folder/step-N.safetensors`` every ``every`` steps;
+    the starting weights are saved first as ``step-000000`` (a candidate too: training that makes the student
+    worse on the selection seeds is not picked)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
 
+    def write(name: str) -> None:
+        state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+        save_file(state, folder / f"{name}.tmp")
+        (folder / f"{name}.tmp").replace(folder / f"{name}.safetensors")
+
+    if not (folder / "step-000000.safetensors").is_file():
+        write("step-000000")
+
     def save(step: int) -> None:
         if (step + 1) % every == 0:
-            state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-            tmp = folder / f"step-{step + 1:06d}.tmp"
-            save_file(state, tmp)
-            tmp.replace(folder / f"step-{step + 1:06d}.safetensors")
+            write(f"step-{step + 1:06d}")
 
     return save
 

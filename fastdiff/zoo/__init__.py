@@ -41,6 +41,7 @@ def _load_builders() -> None:
         full_size,
         gmm,
         gmm_flow,
+        onestep,
         reference,
         reference_flow,
         reference_sd,
