@@ -1,12 +1,12 @@
 """One-step students of the shipped references, ready to try: ``fastdiff zoo build digits-onestep DIR``.
 
-``bench`` installs the shipped student (sha256-checked, like the references): a DMD student of the digits
-reference at guidance 2 (``benchmarks/onestep_digits.sh``: progressive 16 -> 1, then ``fastdiff distill dmd``,
-the snapshot picked on seed 0). ``test`` trains a small one here in about a minute (2 progressive updates per
-round from 2 steps, then 4 DMD updates, batch 8): it runs, it is not good. Use it on its teacher::
+``test`` trains a small one here in about a minute (2 progressive updates from 2 steps to 1, then 4 DMD
+updates, batch 8): it runs, it is not good. A trained ``bench`` build comes from ``benchmarks/onestep_digits.sh``
+(progressive 16 -> 1, then ``fastdiff distill dmd``, the snapshot picked on seed 0); it is not shipped yet.
+Use a student on its teacher::
 
     fastdiff zoo build digits T --size bench
-    fastdiff zoo build digits-onestep S --size bench
+    fastdiff zoo build digits-onestep S --size test
     fastdiff bench T --guidance 2 --config "ddim 50=scheduler(name=ddim,steps=50)" \\
         --config "one step=student(path=S,steps=1)"
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from fastdiff.zoo.registry import register_model
 
 BUILD_COMMAND_ONESTEP = "sh benchmarks/onestep_digits.sh ROOT 2 (then ROOT/dmd-g2/steps-1)"
-SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}, "bench": {}}
+SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}}
 
 
 def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2, dmd_steps: int = 4,
