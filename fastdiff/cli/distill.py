@@ -56,7 +56,8 @@ def cmd_dmd(args) -> None:
 
     report = dmd(_teacher(args), args.out, init=args.init, method=args.method_loss, guidance=args.guidance,
                  train_steps=args.train_steps, batch=args.batch, lr=args.lr, fake_lr=args.fake_lr,
-                 fake_updates=args.fake_updates, t_range=args.t_range, regression=args.regression, pairs=args.pairs,
+                 fake_updates=args.fake_updates, fake_warmup=args.fake_warmup, t_range=args.t_range,
+                 regression=args.regression, pairs=args.pairs,
                  pair_steps=args.pair_steps, ema_decay=args.ema_decay, resume=args.resume, seed=args.seed,
                  save_every=args.save_every, snapshot_every=args.snapshot_every,
                  selection_seeds=tuple(args.selection_seeds), report_seeds=tuple(args.report_seeds),
@@ -140,6 +141,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     dmd.add_argument(
         "--fake-updates", type=POSITIVE, default=5, help="fake-score updates per generator update"
     )
+    dmd.add_argument("--fake-warmup", type=NON_NEGATIVE, default=0,
+                     help="fake-score updates before the generator starts to move")  # fmt: skip
     dmd.add_argument("--t-range", type=_pair, default=(0.02, 0.98), help="noise levels of the matching loss")
     dmd.add_argument(
         "--regression", type=FINITE, default=0.0, help="weight of the MSE to teacher ODE samples"

@@ -116,6 +116,7 @@ def dmd(
     lr: float = 1e-5,
     fake_lr: float = 2e-5,
     fake_updates: int = 5,
+    fake_warmup: int = 0,
     t_range: tuple[float, float] = (0.02, 0.98),
     regression: float = 0.0,
     pairs: int = 256,
@@ -149,7 +150,8 @@ def dmd(
     command = {"command": "dmd", "teacher": str(Path(teacher_dir).resolve()),
                "init": str(Path(init).resolve()) if init else None, "method": method, "guidance": guidance,
                "train_steps": train_steps, "batch": batch, "lr": lr, "fake_lr": fake_lr,
-               "fake_updates": fake_updates, "t_range": list(t_range), "regression": regression, "pairs": pairs,
+               "fake_updates": fake_updates, "fake_warmup": fake_warmup, "t_range": list(t_range),
+               "regression": regression, "pairs": pairs,
                "pair_steps": pair_steps, "sid_alpha": sid_alpha, "ema_decay": ema_decay, "seed": seed,
                "snapshot_every": snapshot_every}  # fmt: skip
     fp = load_teacher(teacher_dir, allow_flow=True)
@@ -188,7 +190,7 @@ def dmd(
         hooks.append(snapshotter(work / SNAPSHOTS, snapshot_every, ema if ema is not None else generator))
     low, high = (max(0, round(v * (process.total - 1))) for v in t_range)
     loss_fn = dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method,
-                          sid_alpha, regression, pool)  # fmt: skip
+                          sid_alpha, regression, pool, fake_warmup)  # fmt: skip
     report = train(generator, loss_fn, train_steps, lr=lr, out_dir=work, save_every=save_every, seed=seed,
                    frozen=(teacher,), extra={"ema": ema} if ema is not None else None,
                    state={"fake": fake, "fake_optimizer": fake_opt},

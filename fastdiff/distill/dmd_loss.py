@@ -66,10 +66,17 @@ def teacher_pairs(process, teacher, batches, key, scale, count, steps, seed, pat
     return pairs
 
 
+def fake_steps_done(fake_opt) -> int:
+    """How many updates the fake score's optimizer has made (its own checkpointed state: exact on resume)."""
+    steps = [state["step"] for state in fake_opt.state.values() if "step" in state]
+    return int(max(steps)) if steps else 0
+
+
 def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method, sid_alpha,
-                regression, pool):  # fmt: skip
+                regression, pool, fake_warmup: int = 0):  # fmt: skip
     """``loss_fn(generator, g, device)`` for ``fastdiff.train.loop.train``: ``fake_updates`` fake-score steps on
-    fresh generator samples, then the generator's loss (and the losses shown beside it)."""
+    fresh generator samples, then the generator's loss (and the losses shown beside it). Until the fake score
+    has made ``fake_warmup`` updates the generator's loss is zero: it waits for the fake score to follow it."""
     total = process.total
 
     def levels_between(n, lo, hi, g, device):
@@ -96,6 +103,9 @@ def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high
             f_loss.backward()
             fake_opt.step()
             fake_losses.append(f_loss.item())
+        if fake_steps_done(fake_opt) < fake_warmup:
+            x_g = fresh(gen, g, device, cond)
+            return 0.0 * x_g.sum(), {"fake": sum(fake_losses) / len(fake_losses), "warmup": 1.0}
         fake.requires_grad_(False)
         try:
             x_g = fresh(gen, g, device, cond)
