@@ -248,9 +248,9 @@ def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):
 
 def test_the_generator_waits_for_the_fake_score_warmup(teacher, tmp_path):
     path, init = teacher
-    dmd(path, tmp_path / "w", init=init, train_steps=2, fake_updates=2, fake_warmup=4, **TINY)
+    dmd(path, tmp_path / "w", init=init, train_steps=2, fake_updates=2, fake_warmup=5, **TINY)
     start, after = _weights(init), _weights(tmp_path / "w" / "steps-1")
     assert all(torch.equal(start[k], after[k]) for k in start)  # 2 x 2 fake updates: still warming up
-    dmd(path, tmp_path / "m", init=init, train_steps=3, fake_updates=2, fake_warmup=4, **TINY)
+    dmd(path, tmp_path / "m", init=init, train_steps=3, fake_updates=2, fake_warmup=5, **TINY)
     moved = _weights(tmp_path / "m" / "steps-1")
     assert any(not torch.equal(start[k], moved[k]) for k in start)  # the third update moves it
