@@ -136,7 +136,37 @@ def r_onestep_split(d: dict) -> str:
     )  # fmt: skip
 
 
+def r_onestep_training(d: dict) -> str:
+    def updates(r):
+        train = r["train"]
+        return sum(v["steps"] for v in train.values()) if "steps" not in train else train["steps"]
+
+    def report(r):
+        row = (r.get("measured") or r.get("student") or {}).get("1")
+        return f"{pct(row['accuracy'])} / FD {row['fd']:.2f} (seed {row['seed']})" if row else None
+
+    def pick(r):
+        s = r.get("selection")
+        return f"{s['choice']} of {len(s['candidates'])} on seeds {s['selection_seeds']}" if s else "-"
+
+    return table(
+        [("student", lambda r: r["name"]), ("updates", updates),
+         ("wall time", lambda r: f"{r['time']['wall_seconds'] / 60:.1f} min" if r.get("time") else None),
+         ("peak RSS", lambda r: f"{r['time']['peak_rss_mib']:.0f} MiB" if r.get("time") else None),
+         ("checkpoint", pick), ("1 step, report seed", report)],
+        d["students"],
+    )  # fmt: skip
+
+
 SECTIONS: dict[str, Section] = {
+    "onestep_training": Section(
+        GROUPS[4],
+        "Training the one-step students (2 CPU cores)",
+        "`benchmarks/onestep_training.py` over `benchmarks/onestep_digits.sh`'s students",
+        "Wall time and peak memory of each training command, the snapshot picked on the selection seed, and the "
+        "student's figures on the report seed.",
+        r_onestep_training,
+    ),
     "onestep_g2": Section(
         GROUPS[4],
         "One-step students by distribution matching, guidance 2",
