@@ -104,6 +104,6 @@ def test_baked_guidance_students_refuse_direct_calls(tmp_path, method):
                 progress=False)  # fmt: skip
     pipe = make_pipeline("tiny-sd-img2img")
     pipe.set_progress_bar_config(disable=True)
-    cell = check_cell(pipe, f"{method}(path={tmp_path / 'student'},steps=3)", "tiny-sd-img2img")
+    cell = check_cell(pipe, f"{method}(path={tmp_path / 'student'},steps=4)", "tiny-sd-img2img")
     assert cell.status == "ok", cell.failures
     assert any(note.startswith("direct call: refused") for note in cell.notes), cell.notes

@@ -175,13 +175,6 @@ SECTIONS: dict[str, Section] = {
         "starts from, measured on seed 1 in alternating rounds.",
         r_bench,
     ),
-    "onestep_g1": Section(
-        GROUPS[4],
-        "One-step students by distribution matching, guidance 1",
-        "`benchmarks/onestep_digits.sh`",
-        "As at guidance 2, unguided.",
-        r_bench,
-    ),
     "onestep_split": Section(
         GROUPS[4],
         "Where a one-step call spends its time",
