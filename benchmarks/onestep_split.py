@@ -1,12 +1,12 @@
 """Where the time of a one-step call goes: text encoder, denoiser, VAE decode, scheduler, other, at one
 denoiser call per image (what a one-step student costs), on digits-flow and at SD 1.5 size.
 
-Run (alone: about 3 minutes on 2 CPU cores, most of it building the SD 1.5-size pipeline)::
+Run (alone: a few minutes on 2 CPU cores)::
 
     .venv/bin/python -m benchmarks.onestep_split --runs 3
 
 Models: digits-flow (``fastdiff zoo build digits-flow --size bench``: SD3 pipeline, 32 px latents; batch 1 and
-64) and SD 1.5 (the zoo's full-size build, random weights, 512 px, batch 1). Each call is
+64) and SD 1.5 (the zoo's full-size layout built in memory, fp32, random weights, 512 px, batch 1). Each call is
 ``num_inference_steps=1``, guidance 1 (a student bakes guidance in). ``fastdiff.eval.profile.profile_call``
 times each component with named hooks; after one warm-up call, ``--runs`` calls; the medians are reported
 with each component's share. Writes ``benchmarks/results/onestep_split.json``.
@@ -26,6 +26,7 @@ from fastdiff.core.inputs import make_inputs
 from fastdiff.eval.profile import profile_call
 from fastdiff.eval.provenance import load_average, provenance
 from fastdiff.zoo import build
+from fastdiff.zoo.full_size import make_full_pipeline
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,7 +56,7 @@ def main() -> None:
     flow.pipe.set_progress_bar_config(disable=True)
     models["digits-flow"] = [split(flow, b, args.runs) for b in (1, 64)]
     del flow
-    sd15 = FastPipeline.from_pretrained(build("sd15", work / "sd15", size="full"))
+    sd15 = FastPipeline(make_full_pipeline("sd15", seed=0, dtype=torch.float32))  # in memory, fp32
     sd15.pipe.set_progress_bar_config(disable=True)
     models["sd15"] = [split(sd15, 1, args.runs, side=512)]
     result = {"models": models, "threads": args.threads, **provenance(load_start=load_start)}
