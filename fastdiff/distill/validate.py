@@ -73,7 +73,9 @@ def validate_student(
     # a full student is a pipeline of its own (w-embedding students load only that way); an adapter goes on the teacher
     fp = FastPipeline.from_pretrained(teacher_dir) if adapter else load_student(folder)
     fp.pipe.set_progress_bar_config(disable=True)
-    evaluator = quality_for(fp.pipe)
+    # the references' evaluators need their eval/ files (a random-weight model of the same class has none)
+    has_eval = (Path(teacher_dir if adapter else folder) / "eval").is_dir()
+    evaluator = quality_for(fp.pipe) if has_eval else None
     guidance = float(info.get("guidance_baked_in") or (info.get("guidance_range") or [1.0])[-1])
     call = dict(make_inputs(fp.pipe, images if evaluator else 2, guidance), output_type="np")
     if "guidance_scale" in call and "guidance_scale" in info.get(
