@@ -135,14 +135,15 @@ class Batches:
         self.size = batch
         layout = pipeline_facts(fp.pipe).cfg_layout
         captured = capture_inputs(fp, batch=batch, seed=seed, guidance=2.0 if layout else None)
-        self.shape = tuple(captured[sample_key(captured)].shape[1:])
-        if layout and captured[sample_key(captured)].shape[0] == 2 * batch:
+        self.key = sample_key(captured)  # the denoiser's noisy-sample argument
+        self.shape = tuple(captured[self.key].shape[1:])
+        if layout and captured[self.key].shape[0] == 2 * batch:
             branches = split_branches(captured, layout)
             self.cond, self.uncond = branches["cond"], branches["uncond"]
         else:
             self.cond, self.uncond = captured, None
         for part in (self.cond, self.uncond or {}):
-            for key in ("sample", "timestep"):
+            for key in (self.key, "timestep"):
                 part.pop(key, None)
         data = training_data(model_dir) if model_dir is not None else None
         self.x0, self.labels = data if data is not None else (None, None)

@@ -165,14 +165,13 @@ def dmd(
     check_out(out, command, resume)
     start_run(out, command)
     scale = float(guidance or 1.0)
-    if (
-        flow
-    ):  # conditioning of the teacher's own prompts (FlowBatches also samples them: 2 steps, unused here)
-        batches = FlowBatches(fp, batch, max(batch, 64), scale, 2, seed)
-        batches.shape = tuple(batches.x0.shape[1:])
-    else:
-        batches = Batches(fp, teacher_dir, batch, seed)
-    key = "hidden_states" if flow or not hasattr(fp.denoiser, "conv_in") else "sample"
+    # flow: the conditioning of the teacher's own prompts (FlowBatches also samples them: 2 steps, unused here)
+    batches = (
+        FlowBatches(fp, batch, max(batch, 64), scale, 2, seed)
+        if flow
+        else Batches(fp, teacher_dir, batch, seed)
+    )
+    key = batches.key
     teacher = fp.denoiser.eval().requires_grad_(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device train() will use
     fake = fresh_copy(teacher).to(device).requires_grad_(True)

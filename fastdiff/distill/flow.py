@@ -81,6 +81,7 @@ class FlowBatches:
             raise DistillError(
                 f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite"
             )
+        self.shape = tuple(self.x0.shape[1:])
 
     def batch(self, g: torch.Generator):
         idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)

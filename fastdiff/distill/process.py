@@ -82,7 +82,7 @@ class Flow:
         return _per_sample((levels.float() + 1) / self.total, like)
 
     def timestep(self, levels: torch.Tensor) -> torch.Tensor:
-        return (levels.float() + 1) / self.total * self.total
+        return levels.float() + 1  # sigma * total
 
     def noise(self, x0, noise, levels):
         s = self.sigma(levels, x0)
