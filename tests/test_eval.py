@@ -16,7 +16,7 @@ from fastdiff.eval import QUALITY
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr, ssim
-from fastdiff.eval.floor import matched_draw
+from fastdiff.eval.floor import draw_rng, matched_draw
 from fastdiff.eval.quality import (
     ReferenceEval,
     accuracy,
@@ -134,8 +134,10 @@ def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, 
     assert result["accuracy"] == accuracy(split["x_test"], split["y_test"], classifier)
     assert abs(result["fd"]) < 1e-3  # the test images against themselves
     # the floor: 5 draws of distinct train images with the test set's digit mix, image for image
-    picks = [matched_draw(split["y_test"], split["y_train"], np.random.default_rng(d))[0] for d in range(5)]
+    picks = [matched_draw(split["y_test"], split["y_train"], draw_rng(0, d))[0] for d in range(5)]
     assert all(list(split["y_train"][p]) == list(split["y_test"]) and len(set(p)) == len(p) for p in picks)
+    others = [matched_draw(split["y_test"], split["y_train"], draw_rng(1, d))[0] for d in range(5)]
+    assert not any(np.array_equal(a, b) for a in picks for b in others)  # seeds 0 and 1 share no draw
     draws = [fd(split["x_train"][p], split["x_test"], classifier) for p in picks]
     assert result["fd_floor"] == pytest.approx(float(np.median(draws)), rel=1e-3)
     assert (

@@ -59,7 +59,7 @@ def test_clips_move_the_digit_edge_to_edge_and_the_metrics_read_real_clips():
 
 
 def test_floor_matches_the_prompts_clip_for_clip_and_the_ratio_carries_an_interval():
-    from fastdiff.eval.floor import matched_draw
+    from fastdiff.eval.floor import draw_rng, matched_draw
     from fastdiff.eval.quality import fd
 
     ref = load_reference_eval(DATA_DIR)
@@ -67,14 +67,16 @@ def test_floor_matches_the_prompts_clip_for_clip_and_the_ratio_carries_an_interv
     prompts = md.bench_prompts()[:40] + md.bench_prompts()[:10]
     digits = [md.digit_of(p) for p in prompts]
     clips = md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=3)
-    idx, distinct = matched_draw(np.array(digits), ref.y_train, np.random.default_rng(3))
+    idx, distinct = matched_draw(np.array(digits), ref.y_train, draw_rng(3, 0))
     # same count and mix: clip i is a distinct train image of prompt i's digit, moving prompt i's way
     assert distinct and len(set(idx.tolist())) == len(prompts) and list(ref.y_train[idx]) == digits
     expected = [md.make_clip(ref.x_train[i, 0], md.direction_of(p)) for i, p in zip(idx, prompts)]
     assert np.array_equal(clips, np.stack(expected))
     assert md.motion_directions(clips) == [md.direction_of(p) for p in prompts]
-    other = md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=4)
+    other = md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=3, draw=1)
     assert not np.array_equal(clips, other)  # each draw is a new sample of the same mix
+    # draw 0 of seed 4 is none of seed 3's draws (seed + draw made it seed 3's draw 1)
+    assert not np.array_equal(md.matched_real_clips(prompts, ref.x_train, ref.y_train, seed=4), other)
     draws = md.clip_floor_draws(prompts, ref.x_train, ref.y_train, ref.classifier, seed=3, draws=3)
     assert [tuple(d.shape[:2]) for d in draws] == [(len(prompts), md.FRAMES)] * 3
     test = md.make_clips(ref.x_test[:60])[0]

@@ -31,6 +31,12 @@ FLOOR_DRAWS = 5  # independent like-for-like draws of real items per floor
 RATIO_RESAMPLES = 200  # paired bootstrap resamples for the ratio's interval
 
 
+def draw_rng(seed: int, draw: int) -> np.random.Generator:
+    """The generator of floor draw ``draw`` for ``seed``: seeded by the pair, so no two (seed, draw) share a stream
+    (``seed + draw`` made draw 1 of seed 0 the same as draw 0 of seed 1)."""
+    return np.random.default_rng([seed, draw])
+
+
 def matched_draw(wanted: np.ndarray, pool: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
     """Indices into ``pool`` (class keys of the real items) with ``pool[idx] == wanted``, distinct where the pool
     allows; returns (indices, distinct). A class with fewer real items than wanted repeats them (distinct False).
@@ -96,4 +102,4 @@ def ratio_to_floor(gen: torch.Tensor, real_draws: list[torch.Tensor], test: torc
     }
 
 
-__all__ = ["FLOOR_DRAWS", "RATIO_RESAMPLES", "matched_draw", "ratio_to_floor"]
+__all__ = ["FLOOR_DRAWS", "RATIO_RESAMPLES", "draw_rng", "matched_draw", "ratio_to_floor"]

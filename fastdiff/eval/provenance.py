@@ -2,7 +2,8 @@
 
 Every results file carries this record (``python -m benchmarks.results_page --check`` refuses files without it),
 and a timing taken on a busy machine is refused rather than recorded: ``check_load`` raises when the load average,
-less the run's own threads, is above the limit the benchmark names.
+less the run's own threads, is above the limit the benchmark names (its ``--max-load``, or ``FASTDIFF_MAX_LOAD``
+for every script: ``with_provenance`` then refuses to return a record whose run started or ended above it).
 
 Example::
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 PROVENANCE_KEYS = ("command", "commit", "date", "device", "load")
+MAX_LOAD_ENV = "FASTDIFF_MAX_LOAD"  # the load limit of scripts that name none themselves
 
 
 class LoadError(RuntimeError):
@@ -36,13 +38,30 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def check_load(max_load: float | None, own_threads: int = 0) -> float:
-    """The load average now; ``LoadError`` when it exceeds ``max_load`` plus the run's ``own_threads``."""
-    load = load_average()
-    if max_load is not None and load - own_threads > max_load:
+def env_max_load() -> float | None:
+    """``FASTDIFF_MAX_LOAD`` as a number (None when unset); ValueError naming a value that is not one."""
+    raw = os.environ.get(MAX_LOAD_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_LOAD_ENV} must be a number >= 0, got {raw!r}") from None
+    if not value >= 0:
+        raise ValueError(f"{MAX_LOAD_ENV} must be a number >= 0, got {raw!r}")
+    return value
+
+
+def check_load(max_load: float | None, own_threads: int = 0, load: float | None = None) -> float:
+    """The load average now (or ``load``); ``LoadError`` when it exceeds ``max_load`` (default
+    ``FASTDIFF_MAX_LOAD``) plus the run's ``own_threads``."""
+    load = load_average() if load is None else load
+    limit = max_load if max_load is not None else env_max_load()
+    if limit is not None and load - own_threads > limit:
         raise LoadError(
             f"load average {load:.2f} (less this run's {own_threads} threads: {load - own_threads:.2f}) is above "
-            f"max_load {max_load}: other work is running, so timings would not compare; wait or raise --max-load"
+            f"max_load {limit}: other work is running, so timings would not compare; wait or raise --max-load "
+            f"({MAX_LOAD_ENV})"
         )
     return load
 
@@ -104,13 +123,18 @@ def provenance(command: str | None = None, load_start: float | None = None) -> d
 _LOAD_AT_IMPORT = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # a script's load when it started
 
 
-def with_provenance(result):
+def with_provenance(result, max_load: float | None = None):
     """``result`` (a results dict) with the provenance of this process added; keys the result sets itself (its own
-    ``command``, ``device`` or ``date``) are kept. Non-dict results are returned unchanged."""
+    ``command``, ``device`` or ``date``) are kept. Non-dict results are returned unchanged. ``LoadError`` instead
+    when the load when the process started or now, less its threads, is above ``max_load`` (default
+    ``FASTDIFF_MAX_LOAD``): a figure timed on a busy machine is not recorded."""
     if not isinstance(result, dict):
         return result
-    return {**provenance(load_start=_LOAD_AT_IMPORT), **result}
+    record = provenance(load_start=_LOAD_AT_IMPORT)
+    for load in record["load"].values():
+        check_load(max_load, own_threads=record["threads"], load=load)
+    return {**record, **result}
 
 
-__all__ = ["PROVENANCE_KEYS", "LoadError", "load_average", "check_load", "command_line", "git_commit",
-           "device_name", "provenance", "with_provenance"]  # fmt: skip
+__all__ = ["PROVENANCE_KEYS", "MAX_LOAD_ENV", "LoadError", "load_average", "env_max_load", "check_load",
+           "command_line", "git_commit", "device_name", "provenance", "with_provenance"]  # fmt: skip

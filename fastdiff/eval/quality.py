@@ -29,7 +29,7 @@ from fastdiff.eval.classifier import (
     to_classifier_input,
 )
 from fastdiff.eval.fd_spread import classifier_features
-from fastdiff.eval.floor import FLOOR_DRAWS, matched_draw, ratio_to_floor
+from fastdiff.eval.floor import FLOOR_DRAWS, draw_rng, matched_draw, ratio_to_floor
 from fastdiff.eval.registry import register_quality
 
 
@@ -129,9 +129,7 @@ class ReferenceEval:
         labels = np.asarray(labels).reshape(-1)
         key = (labels.tobytes(), seed)
         if key not in self._matched:
-            picks = [
-                matched_draw(labels, self.y_train, np.random.default_rng(seed + d)) for d in range(draws)
-            ]
+            picks = [matched_draw(labels, self.y_train, draw_rng(seed, d)) for d in range(draws)]
             features = [classifier_features(self.x_train[idx], self.classifier) for idx, _ in picks]
             self._matched[key] = features, all(distinct for _, distinct in picks)
         return self._matched[key]

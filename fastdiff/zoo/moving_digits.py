@@ -126,21 +126,21 @@ def temporal_change(gray: np.ndarray) -> float:
 
 
 def matched_real_clips(
-    prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, seed: int = 0
+    prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, seed: int = 0, draw: int = 0
 ) -> np.ndarray:
     """Real clips like-for-like with generated ``prompts``: clip ``i`` is a distinct train image of prompt ``i``'s
-    digit sliding in prompt ``i``'s direction (same count, same digit and direction mix)."""
-    from fastdiff.eval.floor import matched_draw
+    digit sliding in prompt ``i``'s direction (same count, same digit and direction mix); ``draw`` of ``seed``."""
+    from fastdiff.eval.floor import draw_rng, matched_draw
 
     digits = np.array([digit_of(p) for p in prompts])
-    idx, _ = matched_draw(digits, np.asarray(y_train), np.random.default_rng(seed))
+    idx, _ = matched_draw(digits, np.asarray(y_train), draw_rng(seed, draw))
     return np.stack([make_clip(x_train[i, 0], direction_of(p)) for i, p in zip(idx, prompts)])
 
 
 def clip_floor_draws(prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, classifier, seed: int = 0,
                      draws: int = FLOOR_DRAWS) -> list[torch.Tensor]:  # fmt: skip
     """Classifier features (clips, frames, dim) of ``draws`` like-for-like real samples for ``prompts``
-    (:func:`matched_real_clips`, seeds ``seed``, ``seed + 1``, ...): the floor's side of the ratio.
+    (:func:`matched_real_clips`, draws 0, 1, ... of ``seed``): the floor's side of the ratio.
 
     Whole clips matched to the prompts, not loose frames: a clip's frames show one digit, so ``n`` clips carry
     ``n`` digits however many frames they have; a floor of as many random frames (about 5x more digits at 9
@@ -156,7 +156,7 @@ def clip_floor_draws(prompts: list[str], x_train: np.ndarray, y_train: np.ndarra
         raise ValueError(f"the floor needs at least 2 clips, got {len(prompts)}")
     out = []
     for draw in range(draws):
-        clips = matched_real_clips(prompts, x_train, y_train, seed + draw)
+        clips = matched_real_clips(prompts, x_train, y_train, seed, draw)
         out.append(classifier_features(digit_windows(clips), classifier).reshape(len(clips), FRAMES, -1))
     return out
 
