@@ -131,7 +131,7 @@ def test_state_follows_the_branch_when_the_batch_changes(dit, spec):
 def test_bad_options_and_unsupported_models(dit):
     for spec, message in [
         ("blockcache(mode=fast)", "choose one of first-block, interval"),
-        ("blockcache(threshold=-0.1)", "threshold must be a number >= 0, got -0.1"),
+        ("blockcache(threshold=-0.1)", "threshold must be a number >= 0 or none, got -0.1"),
         ("blockcache(interval=0)", "interval must be an integer >= 1, got 0"),
     ]:
         with pytest.raises(AcceleratorError, match=message):

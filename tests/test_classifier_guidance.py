@@ -194,7 +194,7 @@ def test_bad_path_label_and_model_give_clear_errors(tmp_path, clf):
         fp.accelerate(f"classifier-guidance(path={tmp_path}/junk.pt)")
     with pytest.raises(AcceleratorError, match=r"label 10 is not a class .*0\.\.9"):
         fp.accelerate(f"classifier-guidance(path={clf},label=10)")
-    with pytest.raises(AcceleratorError, match="label must be a class index"):
+    with pytest.raises(AcceleratorError, match="label must be an integer >= 0 or none"):
         fp.accelerate(f"classifier-guidance(path={clf},label=-1)")
     with pytest.raises(AcceleratorError, match="scale must be"):
         fp.accelerate(f"classifier-guidance(path={clf},scale=-1)")

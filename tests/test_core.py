@@ -148,7 +148,7 @@ def test_two_configs_of_one_accelerator_are_refused_before_anything_changes():
         ("scheduler(name=ddim,speed=3)", "unknown option 'speed'"),
         ("scheduler(steps=many)", "'many' is not a valid int"),
         ("scheduler(name=fast)", "choose one of ddim"),
-        ("scheduler(steps=0)", "steps must be a positive integer"),
+        ("scheduler(steps=0)", "steps must be an integer >= 1 or none, got 0"),
         ("scheduler(name=ddim", "malformed accelerator spec"),
         ("scheduler(steps)", "must be key=value"),
     ],
@@ -372,6 +372,28 @@ def test_bench_alternates_configs_and_refuses_a_busy_machine(monkeypatch):
     with pytest.raises(LoadError, match="max_load 0.5"):
         bench.run_bench(fp, configs, runs=3, quality=False, max_load=0.5)
     assert fp.accelerators == ()  # nothing left applied
+
+
+def test_every_results_record_refuses_a_load_above_the_named_limit(monkeypatch):
+    from fastdiff.eval import provenance as prov
+
+    monkeypatch.setattr(prov, "load_average", lambda: 3.0)
+    monkeypatch.setattr(prov, "_LOAD_AT_IMPORT", 0.5)
+    monkeypatch.delenv(prov.MAX_LOAD_ENV, raising=False)
+    record = prov.with_provenance({"x": 1})  # no limit named: recorded, with its loads
+    assert record["x"] == 1 and record["load"] == {"start": 0.5, "end": 3.0}
+    threads = torch.get_num_threads()
+    assert prov.with_provenance({"x": 1}, max_load=3.0 - threads)["x"] == 1
+    monkeypatch.setenv(prov.MAX_LOAD_ENV, str(2.5 - threads))
+    with pytest.raises(prov.LoadError, match="FASTDIFF_MAX_LOAD"):
+        prov.with_provenance({"x": 1})  # ended above the limit: not recorded
+    monkeypatch.setattr(prov, "_LOAD_AT_IMPORT", 9.0)
+    monkeypatch.setattr(prov, "load_average", lambda: 0.0)
+    with pytest.raises(prov.LoadError, match="load average 9.00"):
+        prov.with_provenance({"x": 1})  # started above it
+    monkeypatch.setenv(prov.MAX_LOAD_ENV, "busy")
+    with pytest.raises(ValueError, match="FASTDIFF_MAX_LOAD must be a number >= 0, got 'busy'"):
+        prov.check_load(None)
 
 
 @pytest.mark.parametrize("preset", ["ddpm", "euler-a", "dpm++2m-sde"])

@@ -113,9 +113,9 @@ def test_merged_factors_resplit_from_ranks_file(tmp_path):
 
 def test_bad_options():
     fp = FastPipeline(make_pipeline("tiny-ddpm", "test"))
-    with pytest.raises(AcceleratorError, match=r"energy must be in \(0, 1\], got 1.5"):
+    with pytest.raises(AcceleratorError, match=r"energy must be a number in \(0, 1\], got 1.5"):
         fp.accelerate("lowrank(energy=1.5)")
-    with pytest.raises(AcceleratorError, match="rank must be a positive integer or none, got 0"):
+    with pytest.raises(AcceleratorError, match="rank must be an integer >= 1 or none, got 0"):
         fp.accelerate("lowrank(rank=0)")
     with pytest.raises(AcceleratorError, match="choose one of linear, conv1x1, conv3x3"):
         fp.accelerate("lowrank(targets=attention)")

@@ -137,7 +137,7 @@ def test_tracing_one_small_sample_prunes_exactly_what_the_captured_batch_prunes(
 
 def test_prune_refuses_bad_options():  # DiTs: tests/test_prune_dit.py
     fp = make_fp("tiny-dit")
-    with pytest.raises(AcceleratorError, match=r"ratio must be in \(0, 1\), got 1.0"):
+    with pytest.raises(AcceleratorError, match=r"ratio must be a number in \(0, 1\), got 1.0"):
         fp.accelerate("prune(ratio=1.0)")
     with pytest.raises(AcceleratorError, match="choose one of magnitude, taylor"):
         fp.accelerate("prune(importance=random)")

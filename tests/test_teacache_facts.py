@@ -13,8 +13,8 @@ import torch
 from fastdiff import FastPipeline, UnsupportedModelError
 from fastdiff.cache.blockio import first_and_last_blocks
 from fastdiff.cache.teacache import modulated_input
+from fastdiff.core.denoisers import block_io
 from fastdiff.core.inputs import make_inputs
-from fastdiff.core.models import block_io
 from fastdiff.core.tensors import pixels
 from fastdiff.zoo.tiny import make_pipeline
 

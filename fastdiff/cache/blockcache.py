@@ -11,7 +11,7 @@ stored; in between they are reused while the cheap timestep-dependent parts (ada
 norms) still run. State is kept per guidance branch and cleared at the start of every call.
 
 Blocks that take and return text states beside the image states (Flux's and SD3's dual-stream blocks) are read
-through diffusers' block metadata (``fastdiff.core.models.block_io``): the residual is that of the image states,
+through diffusers' block metadata (``fastdiff.core.denoisers.block_io``): the residual is that of the image states,
 and a skipped block passes both through. Blocks run in the order of the model's block lists (``DenoiserFacts``).
 Where the last blocks return the text tokens joined before the image tokens (Flux.2's single-stream blocks, the
 fact ``joined_last_block``), the residual is read from the trailing image tokens; a skipped step passes the
@@ -43,8 +43,10 @@ from diffusers.hooks import ModelHook
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.cache.deepcache import BranchCache
 from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of, read_fit
+from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.hooks import Handle, install_hooks
-from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, block_io, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 DEFAULT_THRESHOLD = 0.05  # first-block and teacache, where neither threshold nor (first-block) fit is given
@@ -190,8 +192,8 @@ class BlockCache(Accelerator):
     """
 
     mode: Literal["first-block", "interval", "teacache"] = "first-block"
-    threshold: float | None = None  # None: DEFAULT_THRESHOLD (first-block: or the fit's)
-    interval: int = 2
+    threshold: float | None = option(None, ge=0)  # None: DEFAULT_THRESHOLD (first-block: or the fit's)
+    interval: int = option(2, ge=1)
     # first-block: the threshold fitted for this model (fastdiff fit-first-block); teacache: the rescaling
     # polynomial fitted for it (fastdiff fit-teacache). Read at apply.
     fit: str | None = None
@@ -204,10 +206,6 @@ class BlockCache(Accelerator):
     conflicts_with = frozenset({"forecast", "experts"})
 
     def validate(self) -> None:
-        if self.mode not in ("first-block", "interval", "teacache"):
-            raise AcceleratorError(
-                f"blockcache: mode {self.mode!r} is not allowed; use first-block, interval or teacache"
-            )
         if self.fit is not None and self.mode == "interval":
             raise AcceleratorError(
                 "blockcache: fit is an option of mode=first-block and mode=teacache, not of mode=interval"
@@ -217,10 +215,6 @@ class BlockCache(Accelerator):
                 f"blockcache: give threshold or fit in mode=first-block, not both (the fit {self.fit} holds "
                 "the threshold fitted for the model)"
             )
-        if self.threshold is not None and not self.threshold >= 0:
-            raise AcceleratorError(f"blockcache: threshold must be a number >= 0, got {self.threshold}")
-        if self.interval < 1:
-            raise AcceleratorError(f"blockcache: interval must be an integer >= 1, got {self.interval}")
 
     def apply(self, fp) -> Handle:
         model = fp.denoiser

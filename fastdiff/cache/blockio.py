@@ -1,6 +1,6 @@
 """Reading and building a transformer block's inputs and outputs through diffusers' block metadata.
 
-``io`` is the ``TransformerBlockMetadata`` that ``fastdiff.core.models.block_io`` returns for a block: the name of
+``io`` is the ``TransformerBlockMetadata`` that ``fastdiff.core.denoisers.block_io`` returns for a block: the name of
 its image-state argument (and text-state argument) and where each sits in its output tuple, if it returns one.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fastdiff.core.models import REUSABLE_LAYERS, UnsupportedModelError, denoiser_facts
+from fastdiff.core.denoisers import REUSABLE_LAYERS, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
 
 
 def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:

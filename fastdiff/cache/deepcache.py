@@ -32,8 +32,10 @@ import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, install_hooks
-from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 # Non-uniform spacing as in the package's example (``pow=1.4, center=15`` for 50 steps): centre at 30%.
@@ -306,10 +308,10 @@ class _Source(ModelHook):
 class DeepCache(Accelerator):
     """Reuse a UNet's deep features between full passes. Example: ``deepcache(interval=3,branch=0)``."""
 
-    interval: int = 3
-    branch: int = 0
+    interval: int = option(3, ge=1)
+    branch: int = option(0, ge=0)
     schedule: Literal["uniform", "nonuniform"] = "uniform"
-    warmup: int = 0
+    warmup: int = option(0, ge=0)
 
     spec_name = "deepcache"
     kind = "cache"
@@ -317,18 +319,6 @@ class DeepCache(Accelerator):
     runs_on_xla = True
     exclusive = frozenset({"denoiser.blocks"})
     conflicts_with = frozenset({"forecast", "experts"})
-
-    def validate(self) -> None:
-        if self.interval < 1:
-            raise AcceleratorError(f"deepcache: interval must be an integer >= 1, got {self.interval}")
-        if self.branch < 0:
-            raise AcceleratorError(f"deepcache: branch must be an integer >= 0, got {self.branch}")
-        if self.warmup < 0:
-            raise AcceleratorError(f"deepcache: warmup must be an integer >= 0, got {self.warmup}")
-        if self.schedule not in ("uniform", "nonuniform"):
-            raise AcceleratorError(
-                f"deepcache: schedule {self.schedule!r} is not allowed; use uniform or nonuniform"
-            )
 
     def apply(self, fp) -> Handle:
         unet = fp.denoiser

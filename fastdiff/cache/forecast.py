@@ -44,6 +44,7 @@ from diffusers.hooks import ModelHook
 from fastdiff.cache.blockio import attention_layers
 from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors, stack_image_lists, unstack_like
 
@@ -172,10 +173,10 @@ class Forecast(Accelerator):
     """
 
     order: Literal[1, 2] = 1
-    interval: int = 2
-    warmup: int = 2
+    interval: int = option(2, ge=1)
+    warmup: int = option(2, ge=1)
     at: Literal["output", "attention"] = "output"
-    after_warmup: int | None = None
+    after_warmup: int | None = option(None, ge=0)
 
     spec_name = "forecast"
     kind = "cache"
@@ -184,13 +185,7 @@ class Forecast(Accelerator):
     conflicts_with = frozenset({"deepcache", "blockcache", "forecast"})
 
     def validate(self) -> None:
-        if self.order not in (1, 2):
-            raise AcceleratorError(f"forecast: order must be 1 or 2, got {self.order!r}")
-        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
-            raise AcceleratorError(f"forecast: interval must be an integer >= 1, got {self.interval!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
-            raise AcceleratorError(f"forecast: warmup must be an integer >= 1, got {self.warmup!r}")
-        if self.after_warmup is not None and not 0 <= self.after_warmup < self.interval:
+        if self.after_warmup is not None and not self.after_warmup < self.interval:
             raise AcceleratorError(
                 f"forecast: after_warmup must be an integer from 0 to interval - 1 = {self.interval - 1}, "
                 f"got {self.after_warmup!r}"

@@ -35,7 +35,8 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, HandleGroup, install_hooks
 from fastdiff.core.models import TEXT_ENCODER_ATTRS, UnsupportedModelError
-from fastdiff.core.registry import Accelerator, AcceleratorError, register
+from fastdiff.core.options import option
+from fastdiff.core.registry import Accelerator, register
 
 HOOK_NAME = "fastdiff.promptcache"
 
@@ -161,17 +162,13 @@ class PromptCache(Accelerator):
     (totals, and the same per encoder attribute). Example: ``fp.accelerate("promptcache(size=32)")``.
     """
 
-    size: int = 32
+    size: int = option(32, ge=1)
 
     spec_name = "promptcache"
     kind = "text"
     touches = frozenset({"text_encoder.forward"})
     runs_on_xla = True
     conflicts_with = frozenset({"promptcache"})  # two caches on one encoder would share a hook name
-
-    def validate(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise AcceleratorError(f"promptcache: size must be an integer >= 1, got {self.size!r}")
 
     def apply(self, fp) -> Handle:
         encoders = {

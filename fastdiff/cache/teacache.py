@@ -26,7 +26,8 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
-from fastdiff.core.models import MODULATION, UnsupportedModelError
+from fastdiff.core.denoisers import MODULATION
+from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.registry import AcceleratorError
 
 
@@ -154,8 +155,8 @@ def fit_rescaling(fp, calls: list[dict], degree: int = 4) -> dict:
     blocks' residual, and fits ``np.polyfit`` of the second on the first. Returns the JSON-ready fit.
     """
     from fastdiff.cache.blockio import first_and_last_blocks
+    from fastdiff.core.denoisers import block_io
     from fastdiff.core.hooks import install_hook
-    from fastdiff.core.models import block_io
 
     first, last = first_and_last_blocks(fp.denoiser)
     io_first, io_last = block_io(first), block_io(last)

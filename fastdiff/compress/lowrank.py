@@ -42,8 +42,9 @@ import torch
 from torch import nn
 
 from fastdiff.compress.common import count_params_macs, refuse_hooked_blocks, sized_handle
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle
-from fastdiff.core.models import denoiser_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.train.inputs import capture_inputs
 
@@ -157,8 +158,8 @@ def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:
 class LowRank(Accelerator):
     """SVD-factorize Linear/conv layers into two thinner ones. Example: ``fp.accelerate("lowrank(energy=0.9)")``."""
 
-    energy: float = 0.9
-    rank: int | None = None
+    energy: float = option(0.9, gt=0, le=1)
+    rank: int | None = option(None, ge=1)
     targets: Literal["linear", "conv1x1", "conv3x3", "linear+conv1x1", "all"] = "linear"
     ranks_file: str | None = None
 
@@ -167,16 +168,6 @@ class LowRank(Accelerator):
     touches = frozenset({"denoiser.weights", "denoiser.structure"})
     runs_on_xla = True
     exclusive = frozenset({"denoiser.structure"})
-
-    def validate(self) -> None:
-        if not 0 < self.energy <= 1:
-            raise AcceleratorError(f"lowrank: energy must be in (0, 1], got {self.energy}")
-        if self.rank is not None and self.rank < 1:
-            raise AcceleratorError(f"lowrank: rank must be a positive integer or none, got {self.rank}")
-        if self.targets not in TARGETS:
-            raise AcceleratorError(
-                f"lowrank: targets {self.targets!r} not allowed; choose one of {', '.join(TARGETS)}"
-            )
 
     def apply(self, fp) -> Handle:
         den = fp.denoiser

@@ -55,8 +55,10 @@ from fastdiff.compress.common import (
     trace_inputs,
 )
 from fastdiff.compress.prune_dit import prune_transformer, transformer_blocks
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle
-from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.train.inputs import capture_inputs
 
@@ -81,7 +83,7 @@ def check_prunable(denoiser, accelerator: str) -> None:
 class Prune(Accelerator):
     """Structured pruning to a smaller dense UNet or transformer. Example: ``fp.accelerate("prune(ratio=0.5)")``."""
 
-    ratio: float = 0.5
+    ratio: float = option(0.5, gt=0, lt=1)
     importance: Literal["magnitude", "taylor"] = "magnitude"
 
     spec_name = "prune"
@@ -90,14 +92,6 @@ class Prune(Accelerator):
     touches = frozenset({"denoiser.weights", "denoiser.structure"})
     runs_on_xla = True
     exclusive = frozenset({"denoiser.weights", "denoiser.structure"})
-
-    def validate(self) -> None:
-        if not 0 < self.ratio < 1:
-            raise AcceleratorError(f"prune: ratio must be in (0, 1), got {self.ratio}")
-        if self.importance not in ("magnitude", "taylor"):
-            raise AcceleratorError(
-                f"prune: importance {self.importance!r} not allowed; use magnitude or taylor"
-            )
 
     def apply(self, fp) -> Handle:
         den = fp.denoiser

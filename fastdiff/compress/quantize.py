@@ -43,8 +43,9 @@ from typing import Literal
 
 import torch
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle
-from fastdiff.core.models import denoiser_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 MODES = ("int8-dynamic", "int8-weight", "fp8", "int8-static")
@@ -101,8 +102,8 @@ class Quantize(Accelerator):
     """
 
     mode: Literal["int8-dynamic", "int8-weight", "fp8", "int8-static"] = "int8-dynamic"
-    calibration_batch: int = 16  # int8-static only
-    calibration_steps: int = 20  # int8-static only
+    calibration_batch: int = option(16, ge=1)  # int8-static only
+    calibration_steps: int = option(20, ge=1)  # int8-static only
 
     spec_name = "quantize"
     kind = "compress"
@@ -110,10 +111,6 @@ class Quantize(Accelerator):
     exclusive = frozenset({"denoiser.weights"})
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise AcceleratorError(f"quantize: unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.calibration_batch < 1 or self.calibration_steps < 1:
-            raise AcceleratorError("quantize: calibration_batch and calibration_steps must be >= 1")
         if self.mode != "int8-static" and (self.calibration_batch, self.calibration_steps) != (16, 20):
             raise AcceleratorError(
                 "quantize: calibration_batch/calibration_steps apply to mode=int8-static only"

@@ -44,8 +44,8 @@ from diffusers.models.attention_processor import (
 )
 from torch.utils._pytree import tree_map_only
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
-from fastdiff.core.models import denoiser_facts
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 # Processors with the plain Attention semantics (norms, residual, rescale) that these accelerators may replace.

@@ -34,8 +34,9 @@ import torch
 from diffusers.hooks import ModelHook
 from torch import nn
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, install_hook
-from fastdiff.core.models import denoiser_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 HOOK = "fastdiff.sparsity"
@@ -113,7 +114,7 @@ class Sparsity(Accelerator):
     """Zeroed weights on Linear/conv layers (no CPU speedup). Example: ``fp.accelerate("sparsity(pattern=2:4)")``."""
 
     pattern: Literal["2:4", "unstructured"] = "2:4"
-    amount: float = 0.5
+    amount: float = option(0.5, gt=0, lt=1)
 
     spec_name = "sparsity"
     kind = "compress"
@@ -122,10 +123,6 @@ class Sparsity(Accelerator):
     exclusive = frozenset({"denoiser.weights"})
 
     def validate(self) -> None:
-        if self.pattern not in ("2:4", "unstructured"):
-            raise AcceleratorError(f"sparsity: pattern {self.pattern!r} not allowed; use 2:4 or unstructured")
-        if not 0 < self.amount < 1:
-            raise AcceleratorError(f"sparsity: amount must be in (0, 1), got {self.amount}")
         if self.pattern == "2:4" and self.amount != 0.5:
             raise AcceleratorError(
                 f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}"

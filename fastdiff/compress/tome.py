@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
-from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 _SEED = 0  # the dst choice is reseeded with this at the start of every pipeline call
@@ -271,9 +273,9 @@ class ToMe(Accelerator):
     """
 
     ratio: float = 0.5
-    max_downsample: int = 1
-    sx: int = 2
-    sy: int = 2
+    max_downsample: int = option(1, choices=(1, 2, 4, 8))
+    sx: int = option(2, ge=1)
+    sy: int = option(2, ge=1)
     merge_cross: bool = False
     merge_mlp: bool = False
     use_rand: bool = True
@@ -286,7 +288,7 @@ class ToMe(Accelerator):
     conflicts_with = frozenset({"experts"})  # its hooks sit inside one model; experts route around it
 
     def validate(self) -> None:
-        if self.sx < 1 or self.sy < 1 or self.sx * self.sy < 2:
+        if self.sx * self.sy < 2:
             raise AcceleratorError(
                 f"tome: sx and sy must be >= 1 with sx*sy >= 2, got sx={self.sx}, sy={self.sy}"
             )
@@ -294,10 +296,6 @@ class ToMe(Accelerator):
         if not 0 < self.ratio <= limit:
             raise AcceleratorError(
                 f"tome: ratio must be in (0, {limit:g}] for sx={self.sx}, sy={self.sy}, got {self.ratio}"
-            )
-        if self.max_downsample not in (1, 2, 4, 8):
-            raise AcceleratorError(
-                f"tome: max_downsample must be one of 1, 2, 4, 8, got {self.max_downsample}"
             )
 
     def apply(self, fp) -> Handle:

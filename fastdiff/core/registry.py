@@ -35,10 +35,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import typing
 from typing import Any, ClassVar
+
+from fastdiff.core.options import check_options
 
 KIND_ORDER = ("compress", "attention", "cache", "guidance", "parallel", "text", "sampler", "compile")
 
@@ -74,10 +77,12 @@ class Accelerator:
                     f"{self.spec_name}: {type(self).__name__} is {self.variant_option}={own}, got "
                     f"{self.variant_option}={getattr(self, self.variant_option)!r}"
                 )
+        check_options(self, field_types(type(self)))
         self.validate()
 
     def validate(self) -> None:
-        """Raise AcceleratorError for values outside the allowed range. Called on construction."""
+        """Raise AcceleratorError where options break a rule that ties several of them together (each option's
+        own bounds are declared on its field with ``fastdiff.core.options.option``). Called on construction."""
 
     def apply(self, fp) -> Any:
         """Change ``fp`` (a FastPipeline) and return a Handle whose ``remove()`` undoes exactly that."""
@@ -170,6 +175,7 @@ def get(name: str, variant: str | None = None) -> type[Accelerator]:
     return family[variant]
 
 
+@functools.cache
 def field_types(cls: type[Accelerator]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}

@@ -41,7 +41,8 @@ class DistillError(ValueError):
 def load_teacher(path, allow_flow: bool = False):
     """FastPipeline of a pipeline directory whose denoiser is a UNet2DModel or UNet2DConditionModel (with
     ``allow_flow``, also any flow-matching model fastdiff has facts for)."""
-    from fastdiff.core.models import denoiser_facts, model_prediction, pipeline_facts
+    from fastdiff.core.denoisers import denoiser_facts
+    from fastdiff.core.models import model_prediction, pipeline_facts
     from fastdiff.core.pipeline import FastPipeline
 
     path = Path(path)

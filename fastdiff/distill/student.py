@@ -39,6 +39,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import DirectCallError, Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.models import model_prediction, pipeline_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.distill.validate import check_validated
 
@@ -53,7 +54,7 @@ class DistilledAccelerator(Accelerator):
     """What ``student`` and ``lcm-lora`` share: a distilled denoiser, its sampler and step count (``steps``)."""
 
     path: str
-    steps: int | None = None
+    steps: int | None = option(None, ge=1)
     unvalidated: bool = (
         False  # allow a step count the student was not measured at (fastdiff.distill.validate)
     )

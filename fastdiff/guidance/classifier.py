@@ -45,6 +45,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import require_prediction
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.guidance.noisy_classifier import (
     NoisyClassifierError,
@@ -201,10 +202,10 @@ class ClassifierGuidance(Accelerator):
     """
 
     path: str
-    scale: float = 1.0
-    label: int | None = None
-    start: float = 0.0
-    end: float = 1.0
+    scale: float = option(1.0, ge=0)
+    label: int | None = option(None, ge=0)
+    start: float = option(0.0, ge=0, le=1)
+    end: float = option(1.0, ge=0, le=1)
     unconditional: bool = False
 
     spec_name = "classifier-guidance"
@@ -216,20 +217,6 @@ class ClassifierGuidance(Accelerator):
         name = self.spec_name
         if not isinstance(self.path, str) or not self.path.strip():
             raise AcceleratorError(f"{name}: path must name a classifier file, got {self.path!r}")
-        if (
-            isinstance(self.scale, bool)
-            or not isinstance(self.scale, (int, float))
-            or not (math.isfinite(self.scale) and self.scale >= 0)
-        ):
-            raise AcceleratorError(f"{name}: scale must be a finite number >= 0, got {self.scale!r}")
-        if self.label is not None and (
-            isinstance(self.label, bool) or not isinstance(self.label, int) or self.label < 0
-        ):
-            raise AcceleratorError(f"{name}: label must be a class index >= 0 or none, got {self.label!r}")
-        for key in ("start", "end"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise AcceleratorError(f"{name}: {key} must be a number in [0, 1], got {value!r}")
         if self.start > self.end:
             raise AcceleratorError(f"{name}: start ({self.start}) must be <= end ({self.end})")
 

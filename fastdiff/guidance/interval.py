@@ -32,6 +32,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
 
@@ -107,8 +108,8 @@ class CFGInterval(Accelerator):
     Example: ``fp.accelerate("cfg-interval(start=0.2,end=0.8)")``.
     """
 
-    start: float = 0.0
-    end: float = 1.0
+    start: float = option(0.0, ge=0, le=1)
+    end: float = option(1.0, ge=0, le=1)
 
     spec_name = "cfg-interval"
     kind = "guidance"
@@ -117,10 +118,6 @@ class CFGInterval(Accelerator):
     conflicts_with = frozenset({"cfg-interval"})  # one window per pipeline
 
     def validate(self) -> None:
-        for name in ("start", "end"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise AcceleratorError(f"cfg-interval: {name} must be a number in [0, 1], got {value!r}")
         if self.start > self.end:
             raise AcceleratorError(f"cfg-interval: start ({self.start}) must be <= end ({self.end})")
 

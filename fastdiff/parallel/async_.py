@@ -49,13 +49,15 @@ from typing import ClassVar, Literal
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import HandleGroup, install_hooks
-from fastdiff.core.models import UnsupportedModelError, denoiser_facts
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of
 from fastdiff.parallel.async_plan import balanced_cuts, cat_rows, head_key, rows_of
 from fastdiff.parallel.async_state import MAX_RECUTS, AsyncState
-from fastdiff.parallel.group import ParallelConfig, positive
+from fastdiff.parallel.group import ParallelConfig
 
 HOOK_NAME = "fastdiff.parallel-async"
 __all__ = ["MAX_RECUTS", "AsyncState", "ParallelAsync", "balanced_cuts", "install_async", "stage_units"]
@@ -71,28 +73,18 @@ class ParallelAsync(ParallelConfig):
     ``parallel(mode=async,devices=2,extrapolate=1)``."""
 
     mode: Literal["async"] = "async"
-    devices: int = 2
-    stages: int | None = None
-    warmup: int = 2
-    stride: int = 1
-    cooldown: int = 0
-    extrapolate: int = 0
+    devices: int = option(2, ge=1)
+    stages: int | None = option(None, ge=2)
+    warmup: int = option(2, ge=1)
+    stride: int = option(1, ge=1)
+    cooldown: int = option(0, ge=0)
+    extrapolate: int = option(0, choices=(0, 1))
 
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
     exclusive = frozenset({"denoiser.blocks"})  # deepcache and blockcache hook the same blocks
     branches: ClassVar[int] = 1  # guidance branches side by side, each staged (devices = branches x stages)
 
     def validate(self) -> None:
-        for name in ("devices", "warmup", "stride"):
-            positive(self, name)
-        if isinstance(self.cooldown, bool) or not isinstance(self.cooldown, int) or self.cooldown < 0:
-            raise AcceleratorError(f"parallel: cooldown must be an integer >= 0, got {self.cooldown!r}")
-        if isinstance(self.extrapolate, bool) or self.extrapolate not in (0, 1):
-            raise AcceleratorError(
-                f"parallel: extrapolate must be 0 (off) or 1 (linear), got {self.extrapolate!r}"
-            )
-        if self.stages is not None and (isinstance(self.stages, bool) or self.stages < 2):
-            raise AcceleratorError(f"parallel: stages must be an integer >= 2, got {self.stages!r}")
         each, where = self.branches, f"parallel(mode={self.mode})"
         if self.stages is not None and self.stages * each != self.devices:
             raise AcceleratorError(f"{where}: devices must be {each * self.stages} (stages={self.stages}"

@@ -35,6 +35,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_facts
+from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
 from fastdiff.parallel.cfg_separate import SeparateBranchHook
@@ -112,7 +113,7 @@ class ParallelCfg(ParallelConfig):
     """One guidance branch per rank. Example: ``parallel(mode=cfg,devices=2)``."""
 
     mode: Literal["cfg"] = "cfg"
-    devices: int = 2
+    devices: int = option(2, ge=1)
 
     touches = frozenset({"denoiser.forward", "denoiser.batch"})
     exclusive = frozenset({"denoiser.batch"})  # cfg-interval and baked-guidance students reshape the batch

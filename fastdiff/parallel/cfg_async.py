@@ -13,6 +13,7 @@ import dataclasses
 from typing import Literal
 
 from fastdiff.core.hooks import HandleGroup, all_or_nothing
+from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.async_ import ParallelAsync, install_async, stage_units
 from fastdiff.parallel.cfg import ParallelCfg, guidance_branches, install_branch_split
@@ -25,7 +26,7 @@ class ParallelCfgAsync(ParallelAsync):
     """mode=async's options over 2 guidance branches. Example: ``parallel(mode=cfg+async,devices=4)``."""
 
     mode: Literal["cfg+async"] = "cfg+async"
-    devices: int = 4
+    devices: int = option(4, ge=1)
 
     touches = ParallelCfg.touches | ParallelAsync.touches
     exclusive = ParallelCfg.exclusive | ParallelAsync.exclusive

@@ -15,6 +15,7 @@ from typing import Literal
 from torch.distributed.device_mesh import init_device_mesh
 
 from fastdiff.core.hooks import HandleGroup, all_or_nothing
+from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.cfg import ParallelCfg, branch_count, install_branch_split
 from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
@@ -27,7 +28,7 @@ class ParallelCfgUlysses(SequenceParallelConfig):
     Example: ``parallel(mode=cfg+ulysses,devices=4)``."""
 
     mode: Literal["cfg+ulysses"] = "cfg+ulysses"
-    devices: int = 4
+    devices: int = option(4, ge=1)
 
     touches = ParallelCfg.touches | ParallelUlysses.touches
     exclusive = ParallelCfg.exclusive | ParallelUlysses.exclusive

@@ -34,9 +34,6 @@ class ParallelConfig(Accelerator):
     variant_option = "mode"
     variants = ("cfg", "async", "cfg+async", "ulysses", "ring", "cfg+ulysses")
 
-    def validate(self) -> None:
-        positive(self, "devices")
-
     def group_rank(self) -> int:
         """This process's rank in the process group, which must have ``devices`` ranks."""
         devices = self.devices  # type: ignore[attr-defined]  # every mode declares it
@@ -51,12 +48,6 @@ class ParallelConfig(Accelerator):
                 f"parallel: devices={devices} but the process group has {dist.get_world_size()} ranks"
             )
         return dist.get_rank()
-
-
-def positive(config, name: str) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AcceleratorError(f"parallel: {name} must be a positive integer, got {value!r}")
 
 
 def subgroups(stages: int, branches: int, by: str) -> list[tuple[list[int], object]]:

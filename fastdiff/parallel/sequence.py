@@ -36,8 +36,10 @@ from typing import Literal
 
 import torch
 
+from fastdiff.core.denoisers import DENOISERS
 from fastdiff.core.hooks import Handle, remove_hook, tracked_registry
-from fastdiff.core.models import DENOISERS, UnsupportedModelError
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.group import ParallelConfig
 
@@ -114,7 +116,7 @@ class ParallelUlysses(SequenceParallelConfig):
     Example: ``parallel(mode=ulysses,devices=2)``."""
 
     mode: Literal["ulysses"] = "ulysses"
-    devices: int = 2
+    devices: int = option(2, ge=1)
 
     def context_parallel_options(self) -> dict:
         return {"ulysses_degree": self.devices, "ulysses_anything": True}
@@ -127,7 +129,7 @@ class ParallelRing(SequenceParallelConfig):
     Needs an attention backend that returns the log-sum-exp (CUDA). Example: ``parallel(mode=ring,devices=2)``."""
 
     mode: Literal["ring"] = "ring"
-    devices: int = 2
+    devices: int = option(2, ge=1)
 
     def context_parallel_options(self) -> dict:
         return {"ring_degree": self.devices, "ring_anything": True}

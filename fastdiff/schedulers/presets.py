@@ -27,6 +27,7 @@ import diffusers
 
 from fastdiff.core.hooks import Handle, HandleGroup
 from fastdiff.core.models import PIPELINES
+from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS
 
@@ -199,7 +200,7 @@ class Scheduler(Accelerator):
     """Swap the sampler for a preset and default the step count."""
 
     name: PresetName = "dpm++2m"
-    steps: int | None = None
+    steps: int | None = option(None, ge=1)
 
     spec_name = "scheduler"
     kind = "sampler"
@@ -213,8 +214,6 @@ class Scheduler(Accelerator):
             raise AcceleratorError(
                 f"scheduler: unknown preset {self.name!r}; choose one of {', '.join(PRESETS)}"
             )
-        if self.steps is not None and self.steps <= 0:
-            raise AcceleratorError(f"scheduler: steps must be a positive integer, got {self.steps}")
 
     def apply(self, fp) -> Handle:
         pipe = fp.pipe

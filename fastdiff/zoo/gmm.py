@@ -37,6 +37,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from diffusers.utils.torch_utils import randn_tensor
 
+from fastdiff.core.models import PipelineFacts, register_pipeline
 from fastdiff.zoo.registry import register_model
 
 # The DDPM noise schedule of Stable Diffusion; the denoiser and the saved scheduler share it.
@@ -253,6 +254,7 @@ def default_scheduler() -> DDIMScheduler:
     )
 
 
+@register_pipeline(PipelineFacts("batch_size", default_batch=256))
 class GMMPipeline(DiffusionPipeline):
     """Unconditional sampling of the Gaussian-mixture model with any diffusers scheduler.
 

@@ -59,6 +59,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.modeling_utils import ModelMixin  # noqa: F401
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
+from fastdiff.core.models import PipelineFacts, register_pipeline
 from fastdiff.eval.registry import register_quality
 from fastdiff.schedulers.exact import register_exact
 from fastdiff.zoo.gmm import GMMPipeline, MixtureDenoiser
@@ -153,6 +154,7 @@ def default_scheduler(shift: float = 1.0) -> FlowMatchEulerDiscreteScheduler:
     return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
 
 
+@register_pipeline(PipelineFacts("batch_size", default_batch=256))
 class GMMFlowPipeline(GMMPipeline):
     """``GMMPipeline`` for flow schedulers: the start is z itself and the model output is a velocity.
 

@@ -26,9 +26,12 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
+from fastdiff.core.models import PipelineFacts, register_pipeline
+
 OUTPUT_TYPES = ("pil", "np", "pt")
 
 
+@register_pipeline(PipelineFacts("class_labels", ("uncond", "cond"), 1.0, 500, num_classes=10))
 class ClassConditionalPipeline(DiffusionPipeline):
     """Pixel-space class-conditional sampler with optional classifier-free guidance.
 
