@@ -58,6 +58,7 @@ from fastdiff.core.hooks import install_hook
 from fastdiff.core.inputs import model_prompts, pipeline_directory
 from fastdiff.core.tensors import pixels
 from fastdiff.eval import quality_for
+from fastdiff.eval.bench import ratio_spread
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr
 from fastdiff.eval.provenance import with_provenance
@@ -226,6 +227,7 @@ def main() -> None:
         "--fd-bootstrap", type=int, default=0, metavar="K", help="paired FD resamples (images only)"
     )
     parser.add_argument("--compare", action="append", default=[], metavar="A:B", help="FD difference A - B")
+    parser.add_argument("--seed", type=int, default=0, help="the images' seed (and the floor's draws)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     global STEPS
@@ -255,12 +257,14 @@ def main() -> None:
     names = list(configs)
     for r in range(args.runs):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            images, seconds, computed = run(fp, configs[name], prompts)
+            images, seconds, computed = run(fp, configs[name], prompts, args.seed)
             row = rows[name]
             row["cpu_seconds"].append(round(seconds, 2))
             row["computed"] = round(computed, 4)
             if r == 0:
-                row.update({k: float(v) for k, v in score(fp.pipe, {"prompt": prompts}, images, 0).items()})
+                row.update(
+                    {k: float(v) for k, v in score(fp.pipe, {"prompt": prompts}, images, args.seed).items()}
+                )
                 row["images"] = images
             print(name, row["cpu_seconds"], row["computed"], row.get("accuracy"), row.get("fd"), flush=True)
     first = rows[names[0]]
@@ -270,22 +274,26 @@ def main() -> None:
         row["computed_warmup"] = round(row["computed_warmup"] / calls_warmup, 4)
     for row in rows.values():
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
-        row["speedup"] = round(first["cpu_median"] / row["cpu_median"], 3)
+        ratios = ratio_spread(row["cpu_seconds"], first["cpu_seconds"], baseline=row is first)
+        row.update({k: round(v, 3) if isinstance(v, float) else v for k, v in ratios.items()})
         row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
     spread = fd_differences(fp, rows, args.fd_bootstrap, args.compare) if args.fd_bootstrap else None
     for row in rows.values():
         row.pop("images")
-    result = {"model": args.model, "pipeline": type(fp.pipe).__name__, "steps": STEPS, "call": CALL, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs,
+    result = {"model": args.model, "pipeline": type(fp.pipe).__name__, "steps": STEPS, "call": CALL, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs, "seed": args.seed,
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
     if spread:
         result["fd_bootstrap"] = spread
     Path(args.out).write_text(json.dumps(with_provenance(result), indent=1))
     print(
-        f"{'config':28s} {'cpu s':>8s} {'speedup':>8s} {'computed':>9s} {'acc':>6s} {'fd':>7s} {'psnr':>6s}"
+        f"{'config':28s} {'cpu s':>8s} {'speedup (range, verdict)':>30s} {'computed':>9s} {'acc':>6s} {'fd':>7s} "
+        f"{'fd/floor':>9s} {'psnr':>6s}"
     )
     for row in rows.values():
-        print(f"{row['name']:28s} {row['cpu_median']:8.2f} {row['speedup']:8.3f} {row['computed']:9.3f} "
-              f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row['psnr'] if row['psnr'] is not None else '-':>6}")  # fmt: skip
+        ratio = f"{row['speedup']:.2f} ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}, {row['speedup_verdict']})"
+        print(f"{row['name']:28s} {row['cpu_median']:8.2f} {ratio:>30s} {row['computed']:9.3f} "
+              f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row.get('fd_ratio', float('nan')):9.2f} "
+              f"{row['psnr'] if row['psnr'] is not None else '-':>6}")  # fmt: skip
     for d in (spread or {}).get("differences", []):
         print(
             f"FD {d['a']} - {d['b']}: {d['fd_difference']:+.2f}, 95% interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"

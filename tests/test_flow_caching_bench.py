@@ -39,3 +39,27 @@ def test_diffusers_first_block_cache_runs_on_sd3_with_the_pass_through_and_skips
     assert not np.array_equal(ours, plain)
     assert not getattr(last, "_diffusers_hook", None) or not last._diffusers_hook.hooks  # every hook removed
     np.testing.assert_array_equal(bench.run(fp, bench.setting("none"), prompts)[0], plain)
+
+
+def test_the_cache_selection_picks_the_fastest_candidate_within_every_budget():
+    from benchmarks.caching_select import FD_BUDGET, MIN_PSNR, pick
+
+    base = {"name": "euler-28", "cpu_median": 100.0, "accuracy": 1.0, "fd": 12.0, "psnr": None}
+    rows = [
+        base,
+        {
+            "name": "a",
+            "cpu_median": 30.0,
+            "accuracy": 1.0,
+            "fd": 12.5,
+            "psnr": MIN_PSNR - 1,
+        },  # fastest, blurred
+        {"name": "b", "cpu_median": 40.0, "accuracy": 0.98, "fd": 12.0, "psnr": 40.0},  # loses 2 points
+        {"name": "c", "cpu_median": 45.0, "accuracy": 1.0, "fd": 12.0 * (1 + FD_BUDGET) + 0.1, "psnr": 40.0},
+        {"name": "d", "cpu_median": 60.0, "accuracy": 0.995, "fd": 13.0, "psnr": 38.0},  # the pick
+        {"name": "e", "cpu_median": 80.0, "accuracy": 1.0, "fd": 11.0, "psnr": 45.0},
+    ]
+    choice, verdicts = pick(rows, [f"{r['name']}=x" for r in rows[1:]])
+    assert choice == "d=x"
+    assert [v["within_budget"] for v in verdicts] == [False, False, False, True, True]
+    assert pick(rows, ["a=x", "b=x"])[0] == ""  # none within the budgets: no pick

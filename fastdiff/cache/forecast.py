@@ -46,7 +46,7 @@ from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
-from fastdiff.core.tensors import batch_size_of, map_tensors, stack_image_lists, unstack_like
+from fastdiff.core.tensors import batch_size_of, stack_image_lists, tensors_of, unstack_like, with_tensors
 
 HOOK_NAME = "fastdiff.forecast"
 # Largest noise gain (sum of |Lagrange weights|) of a fit: 3 is a line extrapolated one point-spacing ahead.
@@ -55,17 +55,6 @@ HOOK_NAME = "fastdiff.forecast"
 # reference, forecast(order=2,interval=3,warmup=3) gave FD 459 / 69 / 25 / 18.4 with caps none / 7 / 5 / 3
 # (18.2 without forecast), so such steps use a lower degree (down to reusing the last output).
 MAX_GAIN = 3.0
-
-
-def _flatten(output) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors(output, lambda t: found.append(t) or t)
-    return found
-
-
-def _rebuild(template, tensors: list[torch.Tensor]):
-    it = iter(tensors)
-    return map_tensors(template, lambda _: next(it))
 
 
 def _weights(xs: list[int], x: int) -> list[float]:
@@ -145,10 +134,10 @@ class ForecastHook(ModelHook):
             ]
             per_branch.append(chunks)
         tensors = [torch.cat([b[k] for b in per_branch]) for k in range(len(per_branch[0]))]
-        return _rebuild(self.template, tensors)
+        return with_tensors(self.template, tensors)
 
     def _record(self, step: int, branches: tuple[str, ...], chunk: int, output) -> None:
-        tensors = _flatten(output)
+        tensors = tensors_of(output)
         if not tensors or any(t.dim() == 0 or t.shape[0] != chunk * len(branches) for t in tensors):
             return  # an output we cannot split by branch: never predicted
         self.template = output

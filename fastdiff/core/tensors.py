@@ -21,6 +21,21 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+# map_tensors, not torch.utils._pytree: pytree keeps containers it has no registration for (a library's own output
+# dataclass) as leaves, with their tensors unseen.
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors of a nested value, in ``map_tensors`` order."""
+    found: list[torch.Tensor] = []
+    map_tensors(value, lambda t: found.append(t) or t)
+    return found
+
+
+def with_tensors(template: Any, tensors: list[torch.Tensor]) -> Any:
+    """``template`` with its tensors replaced, in order, by ``tensors`` (the inverse of ``tensors_of``)."""
+    it = iter(tensors)
+    return map_tensors(template, lambda _: next(it))
+
+
 def batch_size_of(args: tuple, kwargs: dict) -> int | None:
     """Batch size of a denoiser call: the first dimension of the sample (first argument or ``sample=``)."""
     sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states", kwargs.get("x")))

@@ -199,17 +199,26 @@ def spread(row: dict, base: dict) -> dict:
         mine, theirs = row[key], base[key]
         out[f"{key}_median"] = statistics.median(mine)
         out[f"{key}_min"], out[f"{key}_max"] = min(mine), max(mine)
-        paired = [b / m for b, m in zip(theirs, mine)]
-        out[prefix] = statistics.median(theirs) / statistics.median(mine)
-        out[f"{prefix}_min"], out[f"{prefix}_max"] = min(paired), max(paired)
-        if row is base:
-            out[f"{prefix}_verdict"] = "baseline"
-        elif min(len(mine), len(theirs)) < 3:
-            out[f"{prefix}_verdict"] = "n/a (< 3 runs)"
-        elif min(mine) <= max(theirs) and min(theirs) <= max(mine):
-            out[f"{prefix}_verdict"] = "level"
-        else:
-            out[f"{prefix}_verdict"] = "faster" if max(mine) < min(theirs) else "slower"
+        out.update(ratio_spread(mine, theirs, prefix, baseline=row is base))
+    return out
+
+
+def ratio_spread(
+    mine: list[float], theirs: list[float], prefix: str = "speedup", baseline: bool = False
+) -> dict:
+    """``theirs`` / ``mine`` run times as ``prefix`` (median ratio), ``prefix_min`` / ``_max`` (ratios of runs of
+    the same round) and ``prefix_verdict``: "faster", "slower", or "level" where the runs overlap (>= 3 each)."""
+    paired = [b / m for b, m in zip(theirs, mine)]
+    out = {prefix: statistics.median(theirs) / statistics.median(mine),
+           f"{prefix}_min": min(paired), f"{prefix}_max": max(paired)}  # fmt: skip
+    if baseline:
+        out[f"{prefix}_verdict"] = "baseline"
+    elif min(len(mine), len(theirs)) < 3:
+        out[f"{prefix}_verdict"] = "n/a (< 3 runs)"
+    elif min(mine) <= max(theirs) and min(theirs) <= max(mine):
+        out[f"{prefix}_verdict"] = "level"
+    else:
+        out[f"{prefix}_verdict"] = "faster" if max(mine) < min(theirs) else "slower"
     return out
 
 

@@ -20,8 +20,7 @@ import time
 import torch
 
 from fastdiff.core.registry import AcceleratorError
-from fastdiff.core.tensors import map_tensors
-from fastdiff.parallel.group import tensors_of
+from fastdiff.core.tensors import map_tensors, tensors_of
 
 
 def balanced_cuts(costs: list[float], stages: int) -> list[int]:

@@ -16,10 +16,10 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from fastdiff.core.tensors import map_tensors
+from fastdiff.core.tensors import map_tensors, tensors_of
 from fastdiff.parallel.async_exchange import BlockingExchange, Exchange, OverlappedExchange
 from fastdiff.parallel.async_plan import Plan, Trace, head_key, head_rows, rows_of, timed_call
-from fastdiff.parallel.group import FlatBroadcast, peers, tensors_of
+from fastdiff.parallel.group import FlatBroadcast, peers
 
 MAX_RECUTS = 3  # re-cuts on staged timings before the cut is kept
 BALANCED = 0.05  # stages whose measured times differ by less than this fraction are left as they are

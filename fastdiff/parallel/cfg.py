@@ -30,7 +30,6 @@ import dataclasses
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import Handle, install_hook
@@ -39,7 +38,7 @@ from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
 from fastdiff.parallel.cfg_separate import SeparateBranchHook
-from fastdiff.parallel.group import ParallelConfig, peers
+from fastdiff.parallel.group import ParallelConfig, gather
 
 HOOK_NAME = "fastdiff.parallel-cfg"
 
@@ -73,10 +72,7 @@ class BranchSplitHook(ModelHook):
     def _gather(self, t: torch.Tensor, chunk: int) -> torch.Tensor:
         if not t.dim() or t.shape[0] != chunk:
             return t
-        parts = [torch.empty_like(t) for _ in range(self.world)]
-        with peers("parallel(mode=cfg)", self.context):
-            dist.all_gather(parts, t.contiguous(), group=self.group)
-        return torch.cat(parts)
+        return torch.cat(gather(t, self.world, self.group, self.context))
 
 
 def guidance_branches(fp, where: str) -> int:

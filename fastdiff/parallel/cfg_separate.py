@@ -13,12 +13,11 @@ fails the call), so the output equals one process's. The first step runs both ca
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.registry import AcceleratorError
-from fastdiff.core.tensors import map_tensors
-from fastdiff.parallel.group import peers
+from fastdiff.core.tensors import tensors_of, with_tensors
+from fastdiff.parallel.group import gather
 
 
 def same(a, b) -> bool:
@@ -91,19 +90,8 @@ class SeparateBranchHook(ModelHook):
 
     def _gather(self, output) -> list:
         """Every rank's output of this call, in rank order."""
-        found: list[torch.Tensor] = []
-        map_tensors(output, lambda t: found.append(t) or t)
-        gathered = []
-        with peers("parallel(mode=cfg)", self.context):
-            for t in found:
-                parts = [torch.empty_like(t) for _ in range(self.world)]
-                dist.all_gather(parts, t.contiguous(), group=self.group)
-                gathered.append(parts)
-        outputs = []
-        for r in range(self.world):
-            it = iter([parts[r] for parts in gathered])
-            outputs.append(map_tensors(output, lambda _t, it=it: next(it)))
-        return outputs
+        gathered = [gather(t, self.world, self.group, self.context) for t in tensors_of(output)]
+        return [with_tensors(output, [parts[r] for parts in gathered]) for r in range(self.world)]
 
 
 _MISSING = object()

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from fastdiff.core.registry import Accelerator, AcceleratorError
-from fastdiff.core.tensors import map_tensors
+from fastdiff.core.tensors import map_tensors, tensors_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +75,14 @@ def peers(where: str, context):
         ) from error
 
 
-def tensors_of(value) -> list[torch.Tensor]:
-    """The tensors of a nested value, in order."""
-    found: list[torch.Tensor] = []
-    map_tensors(value, lambda t: found.append(t) or t)
-    return found
+def gather(
+    t: torch.Tensor, world: int, group, context, where: str = "parallel(mode=cfg)"
+) -> list[torch.Tensor]:
+    """Every rank's ``t`` (the same shape on each), in rank order; a lost peer is named with the step."""
+    parts = [torch.empty_like(t) for _ in range(world)]
+    with peers(where, context):
+        dist.all_gather(parts, t.contiguous(), group=group)
+    return parts
 
 
 class FlatBroadcast:
