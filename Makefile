@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile -e ".[dev,bench]"
+	$(BIN)/pip install -q --no-compile -e ".[dev,bench,compress,serve]"
 	touch $(BIN)/fastdiff
 
 venv: $(BIN)/fastdiff

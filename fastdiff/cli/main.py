@@ -161,6 +161,10 @@ def cmd_compress(args) -> None:
 
 def cmd_export_onnx(args) -> None:
     from fastdiff.compress.onnx_export import export_onnx
+    from fastdiff.core.optional import require
+
+    for module in ("onnx", "onnxruntime"):
+        require(module, "fastdiff export-onnx")
 
     result = export_onnx(resolve_model(args.model, args.size), args.out, vae=args.vae, opset=args.opset)
     for key, value in result.items():

@@ -90,6 +90,10 @@ def read_token(path: str | None) -> str | None:
 
 def run(args) -> None:
     from fastdiff.cli.resolve import resolve_model
+    from fastdiff.core.optional import require
+
+    for module in ("fastapi", "uvicorn", "prometheus_client") + (("ray",) if args.ray else ()):
+        require(module, "fastdiff serve")
     from fastdiff.serving import Limits, ServeConfig
 
     profiles = parse_profiles(args.profile)

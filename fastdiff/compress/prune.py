@@ -87,6 +87,7 @@ class Prune(Accelerator):
     importance: Literal["magnitude", "taylor"] = "magnitude"
 
     spec_name = "prune"
+    needs = ("torch_pruning",)
     kind = "compress"
     rebuilt_from_config = True
     touches = frozenset({"denoiser.weights", "denoiser.structure"})

@@ -106,6 +106,7 @@ class Quantize(Accelerator):
     calibration_steps: int = option(20, ge=1)  # int8-static only
 
     spec_name = "quantize"
+    needs = ("torchao",)
     kind = "compress"
     touches = frozenset({"denoiser.weights"})
     exclusive = frozenset({"denoiser.weights"})

@@ -52,6 +52,7 @@ from fastdiff.core.models import (
     separate_cfg,
     spatial_factor,
 )
+from fastdiff.core.optional import check_needs
 from fastdiff.core.registry import (
     Accelerator,
     AcceleratorError,
@@ -147,6 +148,7 @@ class FastPipeline:
                 fresh.append(config)
         check_conflicts(list(self.accelerators), fresh)
         check_device(fresh, self.pipe.device)
+        check_needs(fresh)
         applied: list[tuple[Accelerator, Handle]] = []
         try:
             for config in apply_order(fresh):

@@ -62,6 +62,9 @@ class Accelerator:
     touches: ClassVar[frozenset[str]] = frozenset()
     exclusive: ClassVar[frozenset[str]] = frozenset()
     conflicts_with: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[
+        tuple[str, ...]
+    ] = ()  # optional packages apply imports (fastdiff.core.optional names their extra)
     runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/test_xla.py)
     # the changed denoiser is saved and reloaded through diffusers' from_config (new widths in its config: prune)
     rebuilt_from_config: ClassVar[bool] = False
