@@ -254,3 +254,76 @@ def test_the_generator_waits_for_the_fake_score_warmup(teacher, tmp_path):
     dmd(path, tmp_path / "m", init=init, train_steps=3, fake_updates=2, fake_warmup=5, **TINY)
     moved = _weights(tmp_path / "m" / "steps-1")
     assert any(not torch.equal(start[k], moved[k]) for k in start)  # the third update moves it
+
+
+def test_lora_views_share_one_base_and_merge_into_the_generator(tmp_path):
+    from fastdiff.distill.dmd_lora import FAKE, GENERATOR, add_adapters, merged_state_dict
+
+    fp = load_teacher(build("digits-flow", tmp_path / "digits-flow", size="test"), allow_flow=True)
+    original = fresh_copy(fp.denoiser)
+    c, g = original.config, torch.Generator().manual_seed(0)
+    inputs = {"hidden_states": torch.randn(2, c.in_channels, c.sample_size, c.sample_size, generator=g),
+              "timestep": torch.tensor([500.0, 200.0]),
+              "encoder_hidden_states": torch.randn(2, 4, c.joint_attention_dim, generator=g),
+              "pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g)}  # fmt: skip
+
+    def out(module):
+        with torch.no_grad():
+            return type(module).forward(module, **inputs, return_dict=False)[0]
+
+    base = fp.denoiser
+    views = add_adapters(base, rank=4)
+    plain = out(original)
+    for view in views.values():  # LoRA B starts at zero: every role computes what the teacher does
+        assert torch.equal(out(view), plain)
+    assert not list(views["teacher"].parameters())
+    generator = dict(views[GENERATOR].named_parameters())
+    assert (
+        generator
+        and all(f".{GENERATOR}." in n for n in generator)
+        and all(p.requires_grad for p in generator.values())
+    )
+    assert not set(generator) & set(dict(views[FAKE].named_parameters()))
+    with torch.no_grad():
+        for p in generator.values():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    moved = out(views[GENERATOR])
+    assert not torch.allclose(moved, plain)
+    assert torch.equal(out(views["teacher"]), plain) and torch.equal(
+        out(views[FAKE]), plain
+    )  # only the generator moved
+    assert all(p.requires_grad for p in generator.values())  # switching adapters keeps every flag
+    views[FAKE].requires_grad_(False)
+    out(views[FAKE])
+    assert not any(p.requires_grad for p in views[FAKE].parameters()) and all(
+        p.requires_grad for p in generator.values()
+    )
+    student = fresh_copy(original)
+    student.load_state_dict(merged_state_dict(base, GENERATOR))  # the plain model's keys, every one
+    torch.testing.assert_close(out(student), moved, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_mode_trains_two_adapters_resumes_exactly_and_refuses_what_it_cannot_train(teacher, tmp_path):
+    flow = build("digits-flow", tmp_path / "digits-flow", size="test")
+    options = dict(guidance=2.0, train_steps=3, lora=4, **TINY)
+    whole = dmd(flow, tmp_path / "whole", **options)
+    assert whole["train"]["trainable_parameters"] < 0.2 * sum(
+        v.numel() for v in load_student(tmp_path / "whole" / "steps-1").denoiser.state_dict().values()
+    )
+    dmd(flow, tmp_path / "cut", stop_after=2, **options)
+    dmd(flow, tmp_path / "cut", resume=True, **options)
+    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    info = json.loads((tmp_path / "whole" / "steps-1" / MANIFEST).read_text())
+    assert info["lora"] == 4
+    teacher_weights = load_teacher(flow, allow_flow=True).denoiser.state_dict()
+    assert first.keys() == teacher_weights.keys() and any(
+        not torch.equal(first[k], teacher_weights[k]) for k in first
+    )
+    path, init = teacher
+    with pytest.raises(
+        DistillError, match="--lora needs a teacher that predicts what the one-step generator reads"
+    ):
+        dmd(path, tmp_path / "eps", lora=4, train_steps=1, **TINY)
+    with pytest.raises(DistillError, match="--init and --ema-decay need full mode"):
+        dmd(flow, tmp_path / "ema", lora=4, ema_decay=0.9, train_steps=1, **TINY)

@@ -61,7 +61,7 @@ def cmd_dmd(args) -> None:
                  pair_steps=args.pair_steps, ema_decay=args.ema_decay, resume=args.resume, seed=args.seed,
                  save_every=args.save_every, snapshot_every=args.snapshot_every,
                  selection_seeds=tuple(args.selection_seeds), report_seeds=tuple(args.report_seeds),
-                 pick_images=args.pick_images)  # fmt: skip
+                 pick_images=args.pick_images, lora=args.lora)  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
     print(
         f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)"
@@ -155,4 +155,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     dmd.add_argument("--selection-seeds", type=NON_NEGATIVE, nargs="+", default=[0])
     dmd.add_argument("--report-seeds", type=NON_NEGATIVE, nargs="+", default=[1])
     dmd.add_argument("--pick-images", type=POSITIVE, default=500, help="images per seed when picking")
+    dmd.add_argument("--lora", type=POSITIVE, default=None, metavar="RANK",
+                     help="generator and fake score as two LoRA adapters of this rank on the teacher's one copy "
+                          "of the weights (v or flow teachers)")  # fmt: skip
     return distill

@@ -50,6 +50,7 @@ from fastdiff.distill.common import (
     save_pipeline,
     start_run,
 )
+from fastdiff.distill.dmd_lora import FAKE, GENERATOR, MergedView, add_adapters, merged_state_dict
 from fastdiff.distill.dmd_loss import dmd_loss_fn, teacher_pairs
 from fastdiff.distill.flow import FlowBatches
 from fastdiff.distill.pick import SNAPSHOTS, pick_snapshot, snapshotter
@@ -76,6 +77,20 @@ def check_options(method, train_steps, batch, fake_updates, t_range, regression,
         raise DistillError(f"--guidance must be >= 1, got {guidance}")
     if ema_decay is not None and not 0 < ema_decay < 1:
         raise DistillError(f"--ema-decay must be in (0, 1), got {ema_decay}")
+
+
+def check_lora(rank, init, ema_decay, process) -> None:
+    """DistillError unless LoRA mode can train this teacher with these options."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise DistillError(f"--lora must be an integer rank >= 1, got {rank!r}")
+    if init is not None or ema_decay is not None:
+        raise DistillError("--lora trains two adapters on the teacher's own weights: --init and --ema-decay need "
+                           "full mode (leave --lora out)")  # fmt: skip
+    if process.kind != process.generator_kind:
+        raise DistillError(
+            f"--lora needs a teacher that predicts what the one-step generator reads ({process.generator_kind}); "
+            f"this one predicts {process.kind}: use full mode with --init of a one-step progressive student"
+        )
 
 
 def load_generator(fp, process, init):
@@ -133,13 +148,16 @@ def dmd(
     selection_seeds: tuple[int, ...] = (0,),
     report_seeds: tuple[int, ...] = (1,),
     pick_images: int = 500,
+    lora: int | None = None,
 ) -> dict:
     """Distill ``teacher_dir`` (guided at ``guidance``, default 1) into a one-step student in ``OUT/steps-1``.
 
     ``stop_after`` ends this call after that many generator updates (checkpointed, no student saved): a
     time-boxed run that a later call with ``resume=True`` continues. With ``snapshot_every`` the student's
     weights are kept every that many updates and the saved student is the snapshot picked on
-    ``selection_seeds`` and reported on ``report_seeds`` (``fastdiff.distill.pick``; ``pick_images`` each)."""
+    ``selection_seeds`` and reported on ``report_seeds`` (``fastdiff.distill.pick``; ``pick_images`` each). With
+    ``lora`` (a rank) the generator and the fake score are two LoRA adapters on the teacher's one copy of the
+    weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``."""
     t_range = tuple(float(v) for v in t_range)
     check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay)
     shared = sorted(set(selection_seeds) & set(report_seeds))
@@ -153,7 +171,7 @@ def dmd(
                "fake_updates": fake_updates, "fake_warmup": fake_warmup, "t_range": list(t_range),
                "regression": regression, "pairs": pairs,
                "pair_steps": pair_steps, "sid_alpha": sid_alpha, "ema_decay": ema_decay, "seed": seed,
-               "snapshot_every": snapshot_every}  # fmt: skip
+               "snapshot_every": snapshot_every, "lora": lora}  # fmt: skip
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
     flow = process.kind == "flow"
@@ -161,7 +179,9 @@ def dmd(
         raise DistillError(
             "--regression is for noise-prediction teachers for now; this teacher predicts flow"
         )
-    generator = load_generator(fp, process, init).requires_grad_(True)
+    if lora is not None:
+        check_lora(lora, init, ema_decay, process)
+    generator = load_generator(fp, process, init).requires_grad_(True) if lora is None else None
     check_out(out, command, resume)
     start_run(out, command)
     scale = float(guidance or 1.0)
@@ -172,9 +192,13 @@ def dmd(
         else Batches(fp, teacher_dir, batch, seed)
     )
     key = batches.key
-    teacher = fp.denoiser.eval().requires_grad_(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device train() will use
-    fake = fresh_copy(teacher).to(device).requires_grad_(True)
+    if lora is None:
+        teacher = fp.denoiser.eval().requires_grad_(False)
+        fake = fresh_copy(teacher).to(device).requires_grad_(True)
+    else:  # one base: the pipeline's own denoiser, with the two adapters
+        views = add_adapters(fp.denoiser.eval().to(device), lora, seed)
+        teacher, fake, generator = views["teacher"], views[FAKE], views[GENERATOR]
     fake_opt = torch.optim.AdamW(fake.parameters(), lr=fake_lr, weight_decay=0.0)
     work = out / "train"
     work.mkdir(parents=True, exist_ok=True)
@@ -186,7 +210,12 @@ def dmd(
     ema = fresh_copy(generator) if ema_decay else None
     hooks = [ema_updater(ema, generator, ema_decay)] if ema is not None else []
     if snapshot_every:
-        hooks.append(snapshotter(work / SNAPSHOTS, snapshot_every, ema if ema is not None else generator))
+        kept = (
+            MergedView(fp.denoiser, GENERATOR)
+            if lora is not None
+            else (ema if ema is not None else generator)
+        )
+        hooks.append(snapshotter(work / SNAPSHOTS, snapshot_every, kept))
     low, high = (max(0, round(v * (process.total - 1))) for v in t_range)
     loss_fn = dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method,
                           sid_alpha, regression, pool, fake_warmup)  # fmt: skip
@@ -198,12 +227,16 @@ def dmd(
                    desc=f"{method} 1 step")  # fmt: skip
     if report["steps"] < train_steps:
         return {"out": None, "train": report}
-    student = (ema if ema is not None else generator).cpu()
+    if lora is not None:
+        student = type(fp.denoiser).from_config(fp.denoiser.config)
+        student.load_state_dict(merged_state_dict(fp.denoiser, GENERATOR))
+    else:
+        student = (ema if ema is not None else generator).cpu()
     config = fp.pipe.scheduler.config
     scheduler = type(fp.pipe.scheduler).from_config(config) if flow else student_scheduler(config)
     info = {"method": method, "steps": 1, "load_accelerators": f"scheduler(name={'flow-euler' if flow else 'ddim'},steps=1)",
             "guidance_baked_in": scale, "sample_with": {"num_inference_steps": 1, "guidance_scale": 1.0},
-            "ema": ema_decay is not None, "train": report}  # fmt: skip
+            "ema": ema_decay is not None, "lora": lora, "train": report}  # fmt: skip
     snapshots = sorted((work / SNAPSHOTS).glob("step-*.safetensors"))
     if snapshot_every and snapshots:
         from safetensors.torch import load_file
