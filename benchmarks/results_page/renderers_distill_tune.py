@@ -175,6 +175,14 @@ SECTIONS: dict[str, Section] = {
         "starts from, measured on seed 1 in alternating rounds.",
         r_bench,
     ),
+    "onestep_g1": Section(
+        GROUPS[4],
+        "One-step students by distribution matching, guidance 1",
+        "`DMD_STEPS=600 benchmarks/onestep_digits.sh ROOT 1`",
+        "The DMD student (snapshot picked on seed 0) beside the teacher and the progressive 1-step student it "
+        "starts from, measured on seed 1 in alternating rounds.",
+        r_bench,
+    ),
     "onestep_split": Section(
         GROUPS[4],
         "Where a one-step call spends its time",
