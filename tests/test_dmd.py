@@ -18,7 +18,7 @@ from fastdiff.distill.common import (
     load_teacher,
 )
 from fastdiff.distill.dmd import dmd
-from fastdiff.distill.dmd_loss import dmd_loss_fn
+from fastdiff.distill.dmd_loss import dmd_loss_fn, guided_x0
 from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import progressive
 from fastdiff.train.loop import TrainingDiverged, train
@@ -201,8 +201,21 @@ def test_a_flow_teacher_gives_a_one_step_flow_student(tmp_path):
     from fastdiff import FastPipeline
 
     teacher = build("digits-flow", tmp_path / "digits-flow", size="test")
-    with pytest.raises(DistillError, match="regression"):
-        dmd(teacher, tmp_path / "r", regression=1.0, **TINY)
+    # regression to the teacher's own flow-Euler samples: the pairs are its 2-step ODE samples of their noises
+    reg = dmd(teacher, tmp_path / "r", train_steps=2, regression=1.0, pairs=3, pair_steps=2, **TINY)
+    assert reg["train"]["loss_first"] is not None
+    pairs = torch.load(tmp_path / "r" / "train" / "pairs.pt", weights_only=False)
+    fp = load_teacher(teacher, allow_flow=True)
+    fp.pipe.set_progress_bar_config(disable=True)
+    process = process_for(fp.pipe.scheduler)
+    x, key = pairs["noise"][:1], "hidden_states"
+    with torch.no_grad():
+        for i, level in enumerate(process.ode_levels(2)):
+            now = torch.full((1,), level)
+            cond = {k: v[:1] if torch.is_tensor(v) else v for k, v in pairs["cond"].items()}
+            x0 = guided_x0(process, fp.denoiser, key, x, now, cond, None, 1.0)
+            x = x0 if i == 1 else process.noise(x0, process.noise_from(x, x0, now), torch.full((1,), 0))[0]
+    torch.testing.assert_close(x, pairs["sample"][:1], rtol=1e-4, atol=1e-4)
     for method in (
         "dmd",
         "sid",

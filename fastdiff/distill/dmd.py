@@ -11,8 +11,8 @@ estimates at a random noise level in ``t_range`` (the distribution-matching grad
 by the distance to the teacher's estimate); classifier-free guidance is applied to the teacher's estimate
 only, so the student needs one call per image. ``method="sid"`` uses SiD's score-identity loss instead
 (data-free; gradients flow through both denoisers' inputs, ``sid_alpha`` 1.2 as in the paper).
-``regression`` > 0 adds the MSE to the teacher's own ODE samples of ``pairs`` fixed noises (DDIM
-``pair_steps`` steps, generated once into ``OUT/pairs.pt``).
+``regression`` > 0 adds the MSE to the teacher's own ODE samples of ``pairs`` fixed noises (DDIM or flow Euler,
+``pair_steps`` steps, generated once into ``OUT/train/pairs.pt``).
 
 The student is saved as ``OUT/steps-1``, a pipeline with a v-prediction DDIM ``trailing`` scheduler; its
 ``fastdiff_distill.json`` says ``scheduler(name=ddim,steps=1)`` and guidance 1 (the guidance is baked in).
@@ -175,10 +175,6 @@ def dmd(
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
     flow = process.kind == "flow"
-    if flow and regression > 0:
-        raise DistillError(
-            "--regression is for noise-prediction teachers for now; this teacher predicts flow"
-        )
     if lora is not None:
         check_lora(lora, init, ema_decay, process)
     generator = load_generator(fp, process, init).requires_grad_(True) if lora is None else None
