@@ -340,3 +340,43 @@ def test_lora_mode_trains_two_adapters_resumes_exactly_and_refuses_what_it_canno
         dmd(path, tmp_path / "eps", lora=4, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="--init and --ema-decay need full mode"):
         dmd(flow, tmp_path / "ema", lora=4, ema_decay=0.9, train_steps=1, **TINY)
+
+
+def test_the_gan_head_reads_the_fake_scores_middle_features_only_while_capturing():
+    from fastdiff.distill.dmd_gan import GanHead, discriminator_loss, generator_loss
+    from fastdiff.zoo.tiny import make_pipeline
+
+    unet = make_pipeline("tiny-ddpm").unet
+    x = torch.randn(3, unet.config.in_channels, unet.config.sample_size, unet.config.sample_size)
+    inputs = {"sample": x, "timestep": torch.tensor([10, 500, 900])}
+    head = GanHead(unet, {"sample": x[:1], "timestep": torch.tensor([999])})
+    logits, out = head.logits(lambda i: type(unet).forward(unet, **i, return_dict=False)[0], inputs)
+    assert (
+        logits.shape == (3,) and torch.equal(logits, torch.zeros(3)) and out.shape == x.shape
+    )  # starts undecided
+    assert discriminator_loss(logits, logits).item() == pytest.approx(2 * np.log(2))
+    assert generator_loss(logits).item() == pytest.approx(np.log(2))
+    unet(**inputs)  # outside capture(): nothing is recorded
+    assert head._features == []
+    head.remove()
+    assert not unet.mid_block._forward_hooks
+
+
+def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(tmp_path):
+    teacher = build("digits", tmp_path / "digits", size="bench")
+    progressive(teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, progress=False)
+    init = tmp_path / "prog" / "steps-1"
+    options = dict(init=init, guidance=2.0, train_steps=2, gan=1e-2, fake_updates=1, **TINY)
+    dmd(teacher, tmp_path / "whole", **options)
+    dmd(teacher, tmp_path / "cut", stop_after=1, **options)
+    dmd(teacher, tmp_path / "cut", resume=True, **options)
+    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
+    head = saved["state"]["gan_head"]
+    assert any(v.abs().sum() > 0 for v in head.values())  # the head left its zero start: it was trained
+    flow = build("digits-flow", tmp_path / "digits-flow", size="test")
+    with pytest.raises(DistillError, match="--gan tells the teacher's training images"):
+        dmd(flow, tmp_path / "flow", gan=1e-2, train_steps=1, **TINY)
+    with pytest.raises(DistillError, match="--gan and --gan-d must be >= 0"):
+        dmd(teacher, tmp_path / "neg", init=init, gan=-1.0, train_steps=1, **TINY)

@@ -61,7 +61,7 @@ def cmd_dmd(args) -> None:
                  pair_steps=args.pair_steps, ema_decay=args.ema_decay, resume=args.resume, seed=args.seed,
                  save_every=args.save_every, snapshot_every=args.snapshot_every,
                  selection_seeds=tuple(args.selection_seeds), report_seeds=tuple(args.report_seeds),
-                 pick_images=args.pick_images, lora=args.lora)  # fmt: skip
+                 pick_images=args.pick_images, lora=args.lora, gan=args.gan, gan_d=args.gan_d)  # fmt: skip
     print(json.dumps(report, indent=2, default=str))
     print(
         f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)"
@@ -155,6 +155,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     dmd.add_argument("--selection-seeds", type=NON_NEGATIVE, nargs="+", default=[0])
     dmd.add_argument("--report-seeds", type=NON_NEGATIVE, nargs="+", default=[1])
     dmd.add_argument("--pick-images", type=POSITIVE, default=500, help="images per seed when picking")
+    dmd.add_argument(
+        "--gan",
+        type=FINITE,
+        default=0.0,
+        metavar="W",
+        help="DMD2's GAN term: W x the generator's adversarial loss (0: off; DMD2 uses 1e-3 to 5e-3)",
+    )
+    dmd.add_argument(
+        "--gan-d", type=FINITE, default=1e-2, metavar="W", help="weight of the head's real/fake loss"
+    )
     dmd.add_argument("--lora", type=POSITIVE, default=None, metavar="RANK",
                      help="generator and fake score as two LoRA adapters of this rank on the teacher's one copy "
                           "of the weights (v or flow teachers)")  # fmt: skip

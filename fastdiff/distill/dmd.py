@@ -50,6 +50,7 @@ from fastdiff.distill.common import (
     save_pipeline,
     start_run,
 )
+from fastdiff.distill.dmd_gan import GanHead
 from fastdiff.distill.dmd_lora import FAKE, GENERATOR, MergedView, add_adapters, merged_state_dict
 from fastdiff.distill.dmd_loss import dmd_loss_fn, teacher_pairs
 from fastdiff.distill.flow import FlowBatches
@@ -61,7 +62,8 @@ from fastdiff.train.loop import ema_updater, train
 METHODS = ("dmd", "sid")
 
 
-def check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay) -> None:
+def check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay,
+                  gan=0.0, gan_d=0.0) -> None:  # fmt: skip
     """DistillError naming the first bad option (before anything is loaded or written)."""
     if method not in METHODS:
         raise DistillError(f"method must be one of {METHODS}, got {method!r}")
@@ -77,6 +79,20 @@ def check_options(method, train_steps, batch, fake_updates, t_range, regression,
         raise DistillError(f"--guidance must be >= 1, got {guidance}")
     if ema_decay is not None and not 0 < ema_decay < 1:
         raise DistillError(f"--ema-decay must be in (0, 1), got {ema_decay}")
+    if not (gan >= 0 and gan_d >= 0):
+        raise DistillError(f"--gan and --gan-d must be >= 0, got {gan}, {gan_d}")
+
+
+def gan_head(fake, batches, process, device, flow: bool):
+    """DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``); DistillError without training images."""
+    if flow or getattr(batches, "x0", None) is None:
+        raise DistillError("--gan tells the teacher's training images from the generator's: this teacher has none "
+                           "beside it (a digits build's eval/split.npz)")  # fmt: skip
+    _, cond, _ = batches.batch(torch.Generator().manual_seed(0))
+    probe = {k: v[:1].to(device) if torch.is_tensor(v) else v for k, v in cond.items()}
+    probe[batches.key] = torch.zeros((1, *batches.shape), device=device)
+    probe["timestep"] = process.generator_timestep(1).to(device)
+    return GanHead(fake, probe).to(device)
 
 
 def check_lora(rank, init, ema_decay, process) -> None:
@@ -149,6 +165,8 @@ def dmd(
     report_seeds: tuple[int, ...] = (1,),
     pick_images: int = 500,
     lora: int | None = None,
+    gan: float = 0.0,
+    gan_d: float = 1e-2,
 ) -> dict:
     """Distill ``teacher_dir`` (guided at ``guidance``, default 1) into a one-step student in ``OUT/steps-1``.
 
@@ -159,7 +177,9 @@ def dmd(
     ``lora`` (a rank) the generator and the fake score are two LoRA adapters on the teacher's one copy of the
     weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``."""
     t_range = tuple(float(v) for v in t_range)
-    check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay)
+    check_options(
+        method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d
+    )
     shared = sorted(set(selection_seeds) & set(report_seeds))
     if snapshot_every and (shared or not selection_seeds or not report_seeds):
         raise DistillError(f"--selection-seeds {list(selection_seeds)} and --report-seeds {list(report_seeds)} "
@@ -171,7 +191,7 @@ def dmd(
                "fake_updates": fake_updates, "fake_warmup": fake_warmup, "t_range": list(t_range),
                "regression": regression, "pairs": pairs,
                "pair_steps": pair_steps, "sid_alpha": sid_alpha, "ema_decay": ema_decay, "seed": seed,
-               "snapshot_every": snapshot_every, "lora": lora}  # fmt: skip
+               "snapshot_every": snapshot_every, "lora": lora, "gan": gan, "gan_d": gan_d}  # fmt: skip
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
     flow = process.kind == "flow"
@@ -195,7 +215,9 @@ def dmd(
     else:  # one base: the pipeline's own denoiser, with the two adapters
         views = add_adapters(fp.denoiser.eval().to(device), lora, seed)
         teacher, fake, generator = views["teacher"], views[FAKE], views[GENERATOR]
-    fake_opt = torch.optim.AdamW(fake.parameters(), lr=fake_lr, weight_decay=0.0)
+    head = gan_head(fake, batches, process, device, flow) if gan > 0 else None
+    trained = list(fake.parameters()) + (list(head.parameters()) if head is not None else [])
+    fake_opt = torch.optim.AdamW(trained, lr=fake_lr, weight_decay=0.0)
     work = out / "train"
     work.mkdir(parents=True, exist_ok=True)
     pool = None
@@ -214,13 +236,15 @@ def dmd(
         hooks.append(snapshotter(work / SNAPSHOTS, snapshot_every, kept))
     low, high = (max(0, round(v * (process.total - 1))) for v in t_range)
     loss_fn = dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method,
-                          sid_alpha, regression, pool, fake_warmup)  # fmt: skip
+                          sid_alpha, regression, pool, fake_warmup, head, gan, gan_d)  # fmt: skip
     report = train(generator, loss_fn, train_steps, lr=lr, out_dir=work, save_every=save_every, seed=seed,
                    frozen=(teacher,), extra={"ema": ema} if ema is not None else None,
-                   state={"fake": fake, "fake_optimizer": fake_opt},
+                   state={"fake": fake, "fake_optimizer": fake_opt, **({"gan_head": head} if head is not None else {})},
                    after_step=lambda step: [hook(step) for hook in hooks],
                    progress=progress, schedule="constant", max_loss=max_loss, stop_after=stop_after,
                    desc=f"{method} 1 step")  # fmt: skip
+    if head is not None:
+        head.remove()
     if report["steps"] < train_steps:
         return {"out": None, "train": report}
     if lora is not None:

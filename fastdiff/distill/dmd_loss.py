@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fastdiff.distill.dmd_gan import discriminator_loss, generator_loss
 from fastdiff.train.inputs import denoiser_output, to_device
 
 
@@ -73,10 +74,14 @@ def fake_steps_done(fake_opt) -> int:
 
 
 def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method, sid_alpha,
-                regression, pool, fake_warmup: int = 0):  # fmt: skip
+                regression, pool, fake_warmup: int = 0, gan=None, gan_weight: float = 0.0,
+                gan_d_weight: float = 0.0):  # fmt: skip
     """``loss_fn(generator, g, device)`` for ``fastdiff.train.loop.train``: ``fake_updates`` fake-score steps on
     fresh generator samples, then the generator's loss (and the losses shown beside it). Until the fake score
-    has made ``fake_warmup`` updates the generator's loss is zero: it waits for the fake score to follow it."""
+    has made ``fake_warmup`` updates the generator's loss is zero: it waits for the fake score to follow it.
+    With ``gan`` (a ``fastdiff.distill.dmd_gan.GanHead`` on the fake score) the fake score's loss adds
+    ``gan_d_weight`` x the head's real/fake loss on the batch's training images, the generator's ``gan_weight`` x
+    the non-saturating loss of its samples."""
     total = process.total
 
     def levels_between(n, lo, hi, g, device):
@@ -88,7 +93,7 @@ def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high
         )
 
     def loss_fn(gen, g, device):
-        _, cond, uncond = batches.batch(g)
+        x_real, cond, uncond = batches.batch(g)
         cond, uncond = to_device(cond, device), (to_device(uncond, device) if scale > 1 else None)
         fake_losses = []
         for _ in range(fake_updates):  # the fake score follows the generator (two time-scale)
@@ -97,8 +102,17 @@ def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high
             levels = levels_between(x_g.shape[0], 0, total - 1, g, device)
             noise = torch.randn(x_g.shape, generator=g).to(device)
             x_t, timestep = process.noise(x_g, noise, levels)
-            pred = denoiser_output(fake, {key: x_t, "timestep": timestep, **cond})[:, : x_t.shape[1]]
-            f_loss = F.mse_loss(pred, process.target(x_g, noise, levels))
+            inputs = {key: x_t, "timestep": timestep, **cond}
+            if gan is None:
+                out = denoiser_output(fake, inputs)
+            else:
+                fake_logits, out = gan.logits(denoiser_output, fake, inputs)
+            f_loss = F.mse_loss(out[:, : x_t.shape[1]], process.target(x_g, noise, levels))
+            if gan is not None:  # the head: the batch's training images, noised alike, are real
+                real_noise = torch.randn(x_g.shape, generator=g).to(device)
+                real_t, real_ts = process.noise(x_real.to(device), real_noise, levels)
+                real_logits, _ = gan.logits(denoiser_output, fake, {key: real_t, "timestep": real_ts, **cond})
+                f_loss = f_loss + gan_d_weight * discriminator_loss(real_logits, fake_logits)
             fake_opt.zero_grad(set_to_none=True)
             f_loss.backward()
             fake_opt.step()
@@ -128,9 +142,17 @@ def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high
                     norm = (x_g - real).abs().mean(dim=dims, keepdim=True).clamp_min(1e-5)
                 gap = real - fake_x0
                 loss = (gap * ((real - x_g) - sid_alpha * gap) / norm).mean()
+            if gan is not None:
+                levels = levels_between(x_g.shape[0], low, high, g, device)
+                x_t, timestep = process.noise(x_g, torch.randn(x_g.shape, generator=g).to(device), levels)
+                logits, _ = gan.logits(denoiser_output, fake, {key: x_t, "timestep": timestep, **cond})
+                adversarial = generator_loss(logits)
         finally:
             fake.requires_grad_(True)
         shown = {"fake": sum(fake_losses) / len(fake_losses), method: loss.item()}
+        if gan is not None:
+            shown["gan"] = adversarial.item()
+            loss = loss + gan_weight * adversarial
         if pool is not None:
             i = torch.randint(0, pool["noise"].shape[0], (batches.size,), generator=g)
             pc = to_device({k: v[i] if torch.is_tensor(v) else v for k, v in pool["cond"].items()}, device)

@@ -1,0 +1,96 @@
+"""DMD2's adversarial term: a small classifier head on the fake score's middle features tells real training images
+from the generator's, both noised at a random level; the fake score's update adds the head's loss, the
+generator's adds the non-saturating loss of its own samples being called real (Yin et al. 2024, section 4.3).
+
+The features are read by a named forward hook on the fake score's middle module (a UNet's ``mid_block``, a
+transformer's middle block) that records only while ``capture()`` is open, so the same module can serve the
+other roles of a LoRA base untouched. The head is trained by the fake score's optimizer and checkpointed with it.
+
+Example::
+
+    gan = GanHead(fake, probe_inputs)                       # probe_inputs: one call's denoiser inputs
+    fake_logits, output = gan.logits(denoiser_output, fake, inputs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from fastdiff.distill.common import DistillError
+
+
+def middle_module(denoiser) -> torch.nn.Module:
+    """A UNet's ``mid_block``, or the middle of a transformer's block list."""
+    if getattr(denoiser, "mid_block", None) is not None:
+        return denoiser.mid_block
+    for name in ("transformer_blocks", "blocks", "layers"):
+        blocks = getattr(denoiser, name, None)
+        if blocks is not None and len(blocks):
+            return blocks[len(blocks) // 2]
+    raise DistillError(
+        f"--gan: no middle block found on {type(denoiser).__name__} (mid_block or a block list)"
+    )
+
+
+def _pooled(output) -> torch.Tensor:
+    """(batch, features): the image states of a block's output, averaged over positions."""
+    if isinstance(
+        output, (tuple, list)
+    ):  # joint blocks return (text, image) or (image, text): the larger one
+        output = max((t for t in output if torch.is_tensor(t)), key=lambda t: t[0].numel())
+    return output.flatten(2).mean(-1) if output.dim() == 4 else output.mean(1)
+
+
+class GanHead(torch.nn.Module):
+    """A linear real/fake classifier on the pooled middle features of ``denoiser`` (sized by one probe call)."""
+
+    def __init__(self, denoiser, probe: dict):
+        super().__init__()
+        self._features: list[torch.Tensor] = []
+        self._recording = False
+        # a LoRA view (fastdiff.distill.dmd_lora) holds its base; the probe runs through the view itself
+        self._hook = middle_module(getattr(denoiser, "base", denoiser)).register_forward_hook(self._record)
+        with torch.no_grad(), self.capture():
+            type(denoiser).forward(denoiser, **probe, return_dict=False)
+            width = self._features[-1].shape[1]
+        self.head = torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Linear(width, 1))
+        with torch.no_grad():  # start at "undecided" (logit 0), as a fresh head should
+            self.head[1].weight.zero_()
+            self.head[1].bias.zero_()
+
+    def _record(self, module, args, output):
+        if self._recording:
+            self._features.append(_pooled(output))
+
+    @contextlib.contextmanager
+    def capture(self):
+        self._recording, self._features = True, []
+        try:
+            yield self
+        finally:
+            self._recording, self._features = False, []
+
+    def logits(self, call, *args):
+        """(logits, output): run ``call(*args)`` (one fake-score call) and classify the features it recorded."""
+        with self.capture():
+            output = call(*args)
+            if len(self._features) != 1:
+                raise DistillError(f"--gan: the middle block ran {len(self._features)} times in one call")
+            return self.head(self._features[0].float()).squeeze(-1), output
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+
+def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(-real_logits).mean() + F.softplus(fake_logits).mean()
+
+
+def generator_loss(fake_logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(-fake_logits).mean()
+
+
+__all__ = ["GanHead", "middle_module", "discriminator_loss", "generator_loss"]
