@@ -45,18 +45,24 @@ def h_deepcache(r):
     return _vs_dpm(r, "deepcache 3", "(interval 3, on dpm++2m 20)")
 
 
+def _flow_pick(r, family: str) -> tuple[dict, dict, str]:
+    """(baseline, the family's row, label) of digits-flow's caching run: the setting picked on the selection seed."""
+    d = r["flow_caching"]
+    picks = d.get("selection", {}).get("picks", {})
+    name = picks[family].split("=", 1)[0] if picks.get(family) else {"fd-teacache": "fd-teacache-0.12",
+                                                                        "fd-forecast": "fd-forecast-3"}[family]  # fmt: skip
+    label = d.get("label", "digits-flow") + (f", picked on seed {d['selection']['seed']}" if picks else "")
+    return d["rows"][0], find(d["rows"], "name", name), label
+
+
 def h_blockcache(r):
-    d = r["flow_caching"]["rows"]
-    base, c = d[0], find(d, "name", "fd-teacache-0.12")
-    label = r["flow_caching"].get("label", "digits-flow")
-    return _compared(c, base, f"{fx(c['speedup'])} (teacache 0.12)", label)
+    base, c, label = _flow_pick(r, "fd-teacache")
+    return _compared(c, base, f"{spread(c, 'speedup') or fx(c['speedup'])} ({c['setting']})", label)
 
 
 def h_forecast(r):
-    d = r["flow_caching"]["rows"]
-    base, c = d[0], find(d, "name", "fd-forecast-3")
-    label = r["flow_caching"].get("label", "digits-flow")
-    return _compared(c, base, f"{fx(c['speedup'])} (order 1, interval 3)", label)
+    base, c, label = _flow_pick(r, "fd-forecast")
+    return _compared(c, base, f"{spread(c, 'speedup') or fx(c['speedup'])} ({c['setting']})", label)
 
 
 def h_promptcache(r):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .format import code, db, fx, num, pct, r_bench, rel, sec, selection_tables, table
+from .format import code, db, fx, num, over_floor, pct, r_bench, rel, sec, selection_tables, spread, table
 from .renderers_parallel import r_parallel_cfg
 from .section import GROUPS, Section
 
@@ -12,7 +12,7 @@ CACHING_COLUMNS = [
     ("setting", lambda r: code(r.get("setting"))),
     ("process", lambda r: r.get("process")),
     ("CPU s", lambda r: sec(r.get("cpu_median"))),
-    ("speedup", lambda r: fx(r.get("speedup"))),
+    ("speedup", lambda r: spread(r, "speedup") or fx(r.get("speedup"))),
     ("computed steps", lambda r: num(r.get("computed"), 3)),
 ]
 
@@ -30,8 +30,25 @@ def _fd_differences(spread: dict | None) -> str:
     )
 
 
+def _selection(d: dict) -> str:
+    """benchmarks/caching_select.py's record: the rule, and each family's candidates on the selection seed."""
+    sel = d.get("selection")
+    if not sel:
+        return ""
+    lines = [f"\n\nSettings chosen on seed {sel['seed']} (`{sel['file']}`), reported here on seed {sel['report_seed']}; "
+             f"rule: {sel['rule']}.\n"]  # fmt: skip
+    for family, verdicts in sel["candidates"].items():
+        cells = ", ".join(f"{v['config'].split('=', 1)[0]} {v['cpu_median']:.1f} s / {db(v['psnr'])} / FD {v['fd']:.2f}"
+                          f"{'' if v['within_budget'] else ' (out)'}" for v in verdicts)  # fmt: skip
+        lines.append(
+            f"- {family}: pick {sel['picks'][family].split('=', 1)[0] or 'none'}; candidates {cells}"
+        )
+    return "\n".join(lines)
+
+
 def r_flow_caching(d: dict) -> str:
-    spread = [("FD spread (std)", lambda r: num(r.get("fd_bootstrap_std")))] if d.get("fd_bootstrap") else []
+    fd_std = [("FD spread (std)", lambda r: num(r.get("fd_bootstrap_std")))] if d.get("fd_bootstrap") else []
+    floor = [("FD / floor", over_floor)] if any("fd_ratio" in r for r in d["rows"]) else []
     return (
         table(
             CACHING_COLUMNS
@@ -39,7 +56,8 @@ def r_flow_caching(d: dict) -> str:
                 ("accuracy", lambda r: pct(r.get("accuracy"))),
                 ("FD", lambda r: num(r.get("fd"))),
             ]
-            + spread
+            + floor
+            + fd_std
             + [("PSNR vs base", lambda r: db(r.get("psnr")))],
             d["rows"],
         )
@@ -49,6 +67,7 @@ def r_flow_caching(d: dict) -> str:
             + (f" Configs split over {d['split']}." if d.get("split") else "")
         )
         + _fd_differences(d.get("fd_bootstrap"))
+        + _selection(d)
     )
 
 
