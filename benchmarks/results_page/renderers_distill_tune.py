@@ -158,6 +158,22 @@ def r_onestep_training(d: dict) -> str:
     )  # fmt: skip
 
 
+def r_onestep_memory(d: dict) -> str:
+    def peak(r, key):
+        if r.get("not_run"):
+            return f"not run: about {r['estimated_state_mib'] / 1024:.1f} GiB before activations (estimate)"
+        return f"{r[key] / 1024:.1f} GiB"
+
+    return table(
+        [("denoiser", lambda r: r["model"]), ("mode", lambda r: r["mode"]),
+         ("trained parameters", lambda r: f"{r['trainable_parameters'] / 1e6:.1f}M" if "trainable_parameters" in r else None),
+         ("peak after loading", lambda r: None if r.get("not_run") else peak(r, "loaded_peak_mib")),
+         ("peak in the step", lambda r: peak(r, "step_peak_mib")),
+         ("step", lambda r: None if r.get("not_run") else f"{r['step_seconds']:.1f} s")],
+        d["rows"],
+    )  # fmt: skip
+
+
 SECTIONS: dict[str, Section] = {
     "onestep_training": Section(
         GROUPS[4],
@@ -182,6 +198,14 @@ SECTIONS: dict[str, Section] = {
         "The DMD student (snapshot picked on seed 0) beside the teacher and the progressive 1-step student it "
         "starts from, measured on seed 1 in alternating rounds.",
         r_bench,
+    ),
+    "onestep_memory": Section(
+        GROUPS[4],
+        "One DMD training step's peak memory, LoRA and full mode",
+        "`benchmarks/onestep_memory.py`",
+        "Published denoiser layouts with random weights, 256 px, batch 1, fp32, CPU; full mode is not run where its "
+        "weights, gradients and AdamW states alone exceed the machine's memory.",
+        r_onestep_memory,
     ),
     "onestep_split": Section(
         GROUPS[4],
