@@ -45,24 +45,12 @@ def h_deepcache(r):
     return _vs_dpm(r, "deepcache 3", "(interval 3, on dpm++2m 20)")
 
 
-def _flow_pick(r, family: str) -> tuple[dict, dict, str]:
-    """(baseline, the family's row, label) of digits-flow's caching run: the setting picked on the selection seed."""
+def _flow_pick(r, family: str) -> tuple[str, str, str]:
+    """A headline of digits-flow's caching run (benchmarks/caching_select.py): the family's pick on seed 0."""
     d = r["flow_caching"]
-    picks = d.get("selection", {}).get("picks", {})
-    name = picks[family].split("=", 1)[0] if picks.get(family) else {"fd-teacache": "fd-teacache-0.12",
-                                                                        "fd-forecast": "fd-forecast-3"}[family]  # fmt: skip
-    label = d.get("label", "digits-flow") + (f", picked on seed {d['selection']['seed']}" if picks else "")
-    return d["rows"][0], find(d["rows"], "name", name), label
-
-
-def h_blockcache(r):
-    base, c, label = _flow_pick(r, "fd-teacache")
-    return _compared(c, base, f"{spread(c, 'speedup') or fx(c['speedup'])} ({c['setting']})", label)
-
-
-def h_forecast(r):
-    base, c, label = _flow_pick(r, "fd-forecast")
-    return _compared(c, base, f"{spread(c, 'speedup') or fx(c['speedup'])} ({c['setting']})", label)
+    c = find(d["rows"], "name", d["selection"]["picks"][family].split("=", 1)[0])
+    return _compared(c, d["rows"][0], f"{spread(c, 'speedup')} ({c['setting']})",
+                     f"digits-flow, picked on seed {d['selection']['seed']}")  # fmt: skip
 
 
 def h_promptcache(r):
@@ -258,14 +246,14 @@ HEADLINES = [
         "skips or reuses transformer blocks (first-block, FORA interval, TeaCache)",
         "caching.md",
         ("flow_caching",),
-        h_blockcache,
+        lambda r: _flow_pick(r, "fd-teacache"),
     ),
     Headline(
         "forecast(order, interval, warmup, at, after_warmup)",
         "skips denoiser calls (or attention layers, TaylorSeer's form), extrapolating the last outputs",
         "caching.md",
         ("flow_caching",),
-        h_forecast,
+        lambda r: _flow_pick(r, "fd-forecast"),
     ),
     Headline(
         "promptcache(size)",

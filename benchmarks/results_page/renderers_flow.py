@@ -224,6 +224,13 @@ SECTIONS: dict[str, Section] = {
         "forecast and blockcache on a trained SD3-shaped model against diffusers' TaylorSeer and MagCache.",
         r_flow_caching,
     ),
+    "flow_caching_selection": Section(
+        GROUPS[6],
+        "Caching on digits-flow: the selection run (seed 0)",
+        "`benchmarks/caching_select.py`",
+        "Every candidate setting once on selection seed 0; each family's pick is reported on seed 1 above.",
+        r_flow_caching,
+    ),
     "flow_caching_fd_spread": Section(
         GROUPS[6],
         "Is forecast's FD gap to TaylorSeer noise? (digits-flow, paired bootstrap)",
