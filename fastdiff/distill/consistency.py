@@ -233,11 +233,16 @@ def _nearest_between(lam: torch.Tensor, t: int, s: int) -> torch.Tensor:
 SOLVERS = {"ddim": ddim_solver, "dpm": dpm_solver}
 
 
+def present_targets(module, candidates) -> list[str]:
+    """The LoRA target names among ``candidates`` that ``module`` has (as a name or a name's last parts)."""
+    names = {name for name, _ in module.named_modules()}
+    return [t for t in candidates if any(n == t or n.endswith("." + t) for n in names)]
+
+
 def _with_lora(unet, rank: int):
     from peft import LoraConfig, inject_adapter_in_model
 
-    names = {name for name, _ in unet.named_modules()}
-    targets = [t for t in LORA_TARGETS if any(n == t or n.endswith("." + t) for n in names)]
+    targets = present_targets(unet, LORA_TARGETS)
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights=True)
     unet.requires_grad_(False)
     inject_adapter_in_model(config, unet)  # LoRA B starts at zero: the student starts as the teacher

@@ -19,20 +19,18 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.distill.common import DistillError
 
 
 def middle_module(denoiser) -> torch.nn.Module:
-    """A UNet's ``mid_block``, or the middle of a transformer's block list."""
-    if getattr(denoiser, "mid_block", None) is not None:
+    """A UNet's ``mid_block``, or the middle block of a transformer's first block list (the per-model facts);
+    UnsupportedModelError for a denoiser without facts."""
+    facts = denoiser_facts(denoiser, "dmd --gan")
+    if facts.family == "unet":
         return denoiser.mid_block
-    for name in ("transformer_blocks", "blocks", "layers"):
-        blocks = getattr(denoiser, name, None)
-        if blocks is not None and len(blocks):
-            return blocks[len(blocks) // 2]
-    raise DistillError(
-        f"--gan: no middle block found on {type(denoiser).__name__} (mid_block or a block list)"
-    )
+    blocks = getattr(denoiser, facts.blocks[0])
+    return blocks[len(blocks) // 2]
 
 
 def _pooled(output) -> torch.Tensor:

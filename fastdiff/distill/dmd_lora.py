@@ -22,12 +22,12 @@ import warnings
 import torch
 
 from fastdiff.distill.common import DistillError
+from fastdiff.distill.consistency import LORA_TARGETS, present_targets
 
 GENERATOR, FAKE = "generator", "fake"
-# LoRA targets: diffusers' LCM-LoRA script's (UNets), plus the joint attention's text projections (SD3, Flux)
-TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "proj_in",
-           "proj_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "conv1", "conv2",
-           "conv_shortcut", "time_emb_proj")  # fmt: skip
+# LoRA targets: the consistency LoRA's (diffusers' LCM-LoRA script), plus joint attention's text side (SD3, Flux)
+TARGETS = (*LORA_TARGETS, "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff_context.net.0.proj",
+           "ff_context.net.2")  # fmt: skip
 
 
 def _tuner_layers(base):
@@ -120,8 +120,7 @@ def add_adapters(base, rank: int, seed: int = 0) -> dict[str, AdapterView]:
     when the base has none of the target layers."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    names = {n for n, _ in base.named_modules()}
-    targets = [t for t in TARGETS if any(n == t or n.endswith("." + t) for n in names)]
+    targets = present_targets(base, TARGETS)
     if not targets:
         raise DistillError(f"--lora: {type(base).__name__} has none of the LoRA target layers {TARGETS}")
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights=True)
