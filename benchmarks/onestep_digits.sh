@@ -7,8 +7,8 @@
 # on seed 0 (500 images); then the bench on seed 1 (report seed: disjoint from the pick), 500 images, 3
 # alternating rounds, one thread. Training wall time and peak memory: /usr/bin/time lines in ROOT/time-*.txt
 # and the students' fastdiff_distill.json. Re-running resumes unfinished training.
-# GAN=W adds a DMD run with DMD2's GAN term (--gan W, --gan-d 1e-2) from the same start, benched beside the others
-# into onestep_<tag>_gan.json.
+# VARIANT=NAME VARIANT_ARGS="..." adds a DMD run dmd-NAME-<tag> with those extra options from the same start
+# (e.g. VARIANT=gan VARIANT_ARGS="--gan 3e-3 --gan-d 1e-2"), benched beside the others into onestep_<tag>_NAME.json.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep}
 shift || true
@@ -36,11 +36,12 @@ for g in $GUIDANCES; do
     --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
     --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
   extra=() json="$OUT/onestep_$tag.json"
-  if [ -n "${GAN:-}" ]; then
-    run "dmd-gan-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-gan-$tag" --init "$ROOT/progressive-$tag/steps-1" \
+  if [ -n "${VARIANT:-}" ]; then
+    # shellcheck disable=SC2086  # VARIANT_ARGS is a list of options
+    run "dmd-$VARIANT-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$VARIANT-$tag" --init "$ROOT/progressive-$tag/steps-1" \
       --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
-      --gan "$GAN" --gan-d 1e-2 --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
-    extra=(--config "dmd+gan 1=student(path=$ROOT/dmd-gan-$tag/steps-1)") json="$OUT/onestep_${tag}_gan.json"
+      ${VARIANT_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
+    extra=(--config "dmd $VARIANT 1=student(path=$ROOT/dmd-$VARIANT-$tag/steps-1)") json="$OUT/onestep_${tag}_$VARIANT.json"
   fi
   $FD bench "$TEACHER" --guidance "$g" --threads 1 --runs 3 --seed 1 --json "$json" \
     --config "teacher DDIM 50=scheduler(name=ddim,steps=50)" \
