@@ -1,4 +1,4 @@
-"""Cache settings chosen on one sample and reported on another: fastdiff's and diffusers' caches on digits-flow.
+"""Cache settings chosen on one sample and reported on another: fastdiff's and diffusers' caches on a reference.
 
 Two runs of benchmarks/flow_caching.py, one after the other in one process each (never side by side):
 
@@ -33,19 +33,33 @@ RESULTS = HERE / "results"
 MIN_PSNR = 35.0  # a pick's images keep >= 35 dB PSNR against the uncached images on the selection seed
 FD_BUDGET = 0.25  # its FD exceeds the baseline's by at most 25% (a guard: FD is noisy at 100 images)
 ACCURACY_BUDGET = 0.01  # and its accuracy is at most 1 point lower
-BASELINE = "euler-28=none"
-FAMILIES = {  # family -> candidate NAME=SETTING, all at matched settings of their kind
-    "fd-teacache": [
-        f"fd-teacache-{t}=blockcache(mode=teacache,threshold={t})" for t in (0.08, 0.12, 0.2, 0.3)
-    ],
-    "hf-magcache": [f"hf-magcache-{t}=hf-magcache:{t}:3" for t in (0.1, 0.15, 0.25)],
-    "fd-forecast": [f"fd-forecast-{n}=forecast(order=1,interval={n},warmup={n})" for n in (2, 3, 4)],
-    "hf-taylorseer": [f"hf-taylorseer-{n}=hf-taylorseer:{n}:{n}:1" for n in (2, 3, 4)],
-}
+FIT = "benchmarks/results/moving_digits_teacache_fit.json"  # TeaCache's polynomial fitted on moving-digits
 
 
-def flow_caching(model: str, configs: list[str], images: int, runs: int, seed: int, out: Path) -> dict:
-    command = [sys.executable, str(HERE / "flow_caching.py"), "--model", model, "--steps", "28", "--images",
+def families(teacache: str, thresholds: tuple[float, ...], mag: tuple[float, ...]) -> dict[str, list[str]]:
+    """Family -> candidate NAME=SETTING, at matched settings of their kind."""
+    return {
+        "fd-teacache": [
+            f"fd-teacache-{t}=blockcache(mode=teacache,threshold={t}{teacache})" for t in thresholds
+        ],
+        "hf-magcache": [f"hf-magcache-{t}=hf-magcache:{t}:3" for t in mag],
+        "fd-forecast": [f"fd-forecast-{n}=forecast(order=1,interval={n},warmup={n})" for n in (2, 3, 4)],
+        "hf-taylorseer": [f"hf-taylorseer-{n}=hf-taylorseer:{n}:{n}:1" for n in (2, 3, 4)],
+    }
+
+
+PRESETS = {
+    "digits-flow": {"steps": 28, "baseline": "euler-28=none", "out": RESULTS / "flow_caching.json",
+                    "families": families("", (0.08, 0.12, 0.2, 0.3), (0.1, 0.15, 0.25))},
+    "moving-digits": {"steps": 50, "baseline": "unipc-50=none", "out": RESULTS / "video_caching.json",
+                      "families": families(f",fit={FIT}", (0.1, 0.2, 0.3), (0.1, 0.15, 0.25))},
+}  # fmt: skip
+
+
+def flow_caching(
+    model: str, steps: int, configs: list[str], images: int, runs: int, seed: int, out: Path
+) -> dict:
+    command = [sys.executable, str(HERE / "flow_caching.py"), "--model", model, "--steps", str(steps), "--images",
                str(images), "--runs", str(runs), "--seed", str(seed), "--out", str(out)]  # fmt: skip
     for config in configs:
         command += ["--config", config]
@@ -77,35 +91,41 @@ def pick(rows: list[dict], candidates: list[str]) -> tuple[str, list[dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a digits-flow pipeline directory")
+    parser.add_argument("model", help="the preset's pipeline directory")
+    parser.add_argument("--preset", choices=list(PRESETS), default="digits-flow")
     parser.add_argument("--images", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3, help="alternating rounds of the report run")
     parser.add_argument("--selection-seed", type=int, default=0)
     parser.add_argument("--report-seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS / "flow_caching.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: the preset's results file")
     args = parser.parse_args()
+    preset = PRESETS[args.preset]
+    out = args.out or preset["out"]
+    baseline, steps = preset["baseline"], preset["steps"]
     if args.selection_seed == args.report_seed:
         raise SystemExit(f"--selection-seed and --report-seed must differ, both are {args.selection_seed}")
-    selection_out = args.out.with_name(args.out.stem + "_selection.json")
-    candidates = [c for family in FAMILIES.values() for c in family]
+    selection_out = out.with_name(out.stem + "_selection.json")
+    candidates = [c for family in preset["families"].values() for c in family]
     selection = flow_caching(
-        args.model, [BASELINE, *candidates], args.images, 1, args.selection_seed, selection_out
+        args.model, steps, [baseline, *candidates], args.images, 1, args.selection_seed, selection_out
     )
     picks, verdicts = {}, {}
-    for family, configs in FAMILIES.items():
+    for family, configs in preset["families"].items():
         picks[family], verdicts[family] = pick(selection["rows"], configs)
     chosen = [c for c in picks.values() if c]
-    report = flow_caching(args.model, [BASELINE, *chosen], args.images, args.runs, args.report_seed, args.out)
+    report = flow_caching(
+        args.model, steps, [baseline, *chosen], args.images, args.runs, args.report_seed, out
+    )
     report["selection"] = {"file": os.path.relpath(selection_out, HERE.parent), "seed": args.selection_seed,
                            "report_seed": args.report_seed,
                            "rule": f"per family, the fastest candidate with PSNR >= {MIN_PSNR:g} dB against the "
                                    f"uncached images, accuracy >= the baseline's - {ACCURACY_BUDGET} and FD <= "
                                    f"{1 + FD_BUDGET:g}x the baseline's, on the selection seed",
                            "picks": picks, "candidates": verdicts}  # fmt: skip
-    args.out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1))
     for family, config in picks.items():
         print(f"{family}: {config or 'no candidate within the budget'}")
-    print(f"wrote {selection_out} and {args.out}")
+    print(f"wrote {selection_out} and {out}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/bin/sh
-# fastdiff's and diffusers' caches on moving-digits at matched settings, the configs split over two processes side
-# by side (one thread each, each with its own UniPC 50 baseline at guidance 5: WanPipeline's defaults), merged into
-# benchmarks/results/video_caching.json. The configs: the moving-digits preset of benchmarks/caching_pair.py;
-# TeaCache uses the polynomial fitted on this model (`fastdiff fit-teacache MODEL --steps 50 --guidance 5 --out FIT`).
+# fastdiff's and diffusers' caches on moving-digits (Wan's UniPC 50 at the model's bench guidance): each family's
+# setting chosen on selection seed 0 (one round), then the baseline and the picks reported on seed 1 in 3
+# alternating rounds, one process, one thread (benchmarks/caching_select.py --preset moving-digits). TeaCache uses
+# the polynomial fitted on this model (benchmarks/results/moving_digits_teacache_fit.json, fitted at guidance 5).
+# Writes benchmarks/results/video_caching_selection.json and video_caching.json.
 #   sh benchmarks/video_caching.sh MODEL [CLIPS]   (MODEL: `fastdiff zoo build moving-digits DIR --size bench`)
 set -e
-exec ${PYTHON:-.venv/bin/python} benchmarks/caching_pair.py moving-digits "${1:?usage: video_caching.sh MODEL [CLIPS]}" \
-  --count "${2:-200}"
+exec ${PYTHON:-.venv/bin/python} -m benchmarks.caching_select "${1:?usage: video_caching.sh MODEL [CLIPS]}" \
+  --preset moving-digits --images "${2:-100}"

@@ -30,7 +30,7 @@ def _fd_differences(spread: dict | None) -> str:
     )
 
 
-def _selection(d: dict) -> str:
+def selection_note(d: dict) -> str:
     """benchmarks/caching_select.py's record: the rule, and each family's candidates on the selection seed."""
     sel = d.get("selection")
     if not sel:
@@ -67,7 +67,7 @@ def r_flow_caching(d: dict) -> str:
             + (f" Configs split over {d['split']}." if d.get("split") else "")
         )
         + _fd_differences(d.get("fd_bootstrap"))
-        + _selection(d)
+        + selection_note(d)
     )
 
 

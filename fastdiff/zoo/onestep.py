@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fastdiff.zoo.registry import register_model
 
-BUILD_COMMAND_ONESTEP = "sh benchmarks/onestep_digits.sh ROOT 2 (then ROOT/dmd-g2/steps-1)"
+BUILD_COMMAND_ONESTEP = "bash benchmarks/onestep_digits.sh ROOT 2 (then ROOT/dmd-g2/steps-1)"
 SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}}
 
 
