@@ -35,19 +35,22 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.cache.blockcache_teacache import TeaHead, load_rescaling, modulation_of, read_fit
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
-from fastdiff.cache.deepcache import BranchCache
-from fastdiff.cache.teacache import TeaHead, load_rescaling, modulation_of, read_fit
+from fastdiff.core.branch_state import BranchState, BranchStore
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 DEFAULT_THRESHOLD = 0.05  # first-block and teacache, where neither threshold nor (first-block) fit is given
 
@@ -64,18 +67,17 @@ class _State:
         self.skip = False  # first-block, teacache: the (remaining) blocks are skipped in this evaluation
         self.skipped = 0  # evaluations whose blocks were skipped (or reused, in interval mode), since apply
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
-        self.caches: dict[str, BranchCache] = {}
+        self.saved = BranchState()  # stored outputs by name, per guidance branch; cleared every call
         self.kinds: dict[
             str, tuple | None
         ] = {}  # interval: None for a tensor output, else the tuple's layout
-        self.refreshed: dict[str, int] = {}  # interval: branch -> step its layer outputs were stored at
         self.head_output: torch.Tensor | None = None
         self.last_full = 0
         # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
         self.trace: list[tuple[int, float | None, bool]] = []
 
-    def cache(self, key: str) -> BranchCache:
-        return self.caches.setdefault(key, BranchCache())
+    def cache(self, key: str) -> BranchStore:
+        return self.saved.store(key)
 
 
 class _Controller(ModelHook):
@@ -89,7 +91,8 @@ class _Controller(ModelHook):
 
     def reset_state(self, module):
         st = self.state
-        st.caches, st.refreshed, st.head_output, st.last_full, st.trace = {}, {}, None, 0, []
+        st.head_output, st.last_full, st.trace = None, 0, []
+        st.saved.clear()
         return module
 
     def pre_forward(self, module, *args, **kwargs):
@@ -99,11 +102,11 @@ class _Controller(ModelHook):
             if ctx.step % st.config.interval == 0:
                 st.last_full = ctx.step
             st.reuse = ctx.step != st.last_full and all(
-                st.refreshed.get(b, -1) >= st.last_full for b in ctx.branches
+                st.saved.value("refreshed", b, -1) >= st.last_full for b in ctx.branches
             )
             st.skipped += st.reuse
             if not st.reuse:  # this evaluation refreshes the stored outputs of its branches
-                st.refreshed.update(dict.fromkeys(ctx.branches, ctx.step))
+                st.saved.set("refreshed", ctx.branches, ctx.step)  # interval: the step they were stored at
         return args, kwargs
 
 
@@ -203,7 +206,6 @@ class BlockCache(Accelerator):
     # denoiser.tokens: its skip decision reads the whole token sequence, which sequence parallelism splits
     touches = frozenset({"denoiser.forward", "denoiser.blocks", "denoiser.tokens"})
     exclusive = frozenset({"denoiser.blocks"})
-    conflicts_with = frozenset({"forecast", "experts"})
 
     def validate(self) -> None:
         if self.fit is not None and self.mode == "interval":
@@ -216,7 +218,7 @@ class BlockCache(Accelerator):
                 "the threshold fitted for the model)"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         model = fp.denoiser
         facts = denoiser_facts(model, "blockcache")
         if facts.family != "transformer":

@@ -26,17 +26,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 # Non-uniform spacing as in the package's example (``pow=1.4, center=15`` for 50 steps): centre at 30%.
 QUAD_POWER, QUAD_CENTER = 1.4, 0.3
@@ -185,30 +189,7 @@ def trim_residuals(layout: _Plan, kwargs: dict) -> dict:
     return kwargs
 
 
-class BranchCache:
-    """Tensors kept per guidance branch with the step they were made at; rebuilt for the current branch order."""
-
-    def __init__(self):
-        self.parts: dict[str, tuple[int, torch.Tensor]] = {}
-        self.whole: tuple[tuple[str, ...], int, torch.Tensor] | None = None
-
-    def put(self, branches: tuple[str, ...], step: int, tensor: torch.Tensor) -> None:
-        self.whole = (branches, step, tensor)
-        self.parts.update((b, (step, t)) for b, t in zip(branches, tensor.chunk(len(branches))))
-
-    def has(self, branches: tuple[str, ...], since: int = 0, chunk: int | None = None) -> bool:
-        """Every branch stored at or after step ``since`` (with ``chunk`` images each, if given)."""
-        return all(
-            b in self.parts
-            and self.parts[b][0] >= since
-            and (chunk is None or self.parts[b][1].shape[0] == chunk)
-            for b in branches
-        )
-
-    def get(self, branches: tuple[str, ...]) -> torch.Tensor:
-        if self.whole is not None and self.whole[0] == branches:
-            return self.whole[2]  # the latest store had this composition: no copy
-        return torch.cat([self.parts[b][1] for b in branches])
+SOURCE = "source"  # the store of the cached deep feature
 
 
 class _State:
@@ -219,7 +200,7 @@ class _State:
         )
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
-        self.cache = BranchCache()
+        self.saved = BranchState()  # the source's output per guidance branch
 
 
 def _template(output):
@@ -251,7 +232,8 @@ class _Controller(ModelHook):
         self.context, self.state = context, state
 
     def reset_state(self, module):
-        self.state.templates, self.state.cache, self.state.steps = {}, BranchCache(), None
+        self.state.templates, self.state.steps = {}, None
+        self.state.saved.clear()
         return module
 
     def pre_forward(self, module, *args, **kwargs):
@@ -262,7 +244,9 @@ class _Controller(ModelHook):
         st.batch, st.branches = sample.shape[0], ctx.branches
         last_full = max((s for s in st.steps if s <= ctx.step), default=0)
         chunk = st.batch // len(st.branches)
-        st.reuse = ctx.step not in st.steps and st.cache.has(st.branches, since=last_full, chunk=chunk)
+        st.reuse = ctx.step not in st.steps and st.saved.store(SOURCE).has(
+            st.branches, since=last_full, chunk=chunk
+        )
         if st.reuse:
             kwargs = trim_residuals(st.layout, kwargs)
         return args, kwargs
@@ -294,12 +278,12 @@ class _Source(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         st = self.state
         if st.reuse:
-            feature = st.cache.get(st.branches)
+            feature = st.saved.store(SOURCE).get(st.branches)
             return (feature,) if st.templates["source.tuple"] else feature
         output = self.fn_ref.original_forward(*args, **kwargs)
         is_tuple = isinstance(output, tuple)
         st.templates["source.tuple"] = is_tuple
-        st.cache.put(st.branches, self.context.step, output[0] if is_tuple else output)
+        st.saved.store(SOURCE).put(st.branches, self.context.step, output[0] if is_tuple else output)
         return output
 
 
@@ -318,9 +302,8 @@ class DeepCache(Accelerator):
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
     runs_on_xla = True
     exclusive = frozenset({"denoiser.blocks"})
-    conflicts_with = frozenset({"forecast", "experts"})
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         unet = fp.denoiser
         facts = denoiser_facts(unet, "deepcache")
         if facts.family != "unet":

@@ -36,17 +36,21 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import attention_layers
+from fastdiff.core.branch_state import BranchState
 from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, stack_image_lists, tensors_of, unstack_like, with_tensors
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.forecast"
 # Largest noise gain (sum of |Lagrange weights|) of a fit: 3 is a line extrapolated one point-spacing ahead.
@@ -78,6 +82,9 @@ def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
         points = points[1:]
 
 
+OUTPUTS = "outputs"  # the store of the full evaluations' outputs
+
+
 class ForecastHook(ModelHook):
     """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
 
@@ -87,12 +94,13 @@ class ForecastHook(ModelHook):
         super().__init__()
         self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
         self.first_gap = interval if first_gap is None else first_gap  # last warm-up step to the next full
-        self.history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}  # branch -> [(step, chunks)]
+        self.saved = BranchState(keep=order + 1)  # per branch: the last full outputs [(step, chunks)]
         self.template = None  # output structure of the last full evaluation (per-image lists stacked)
         self.layout = None  # that output as the denoiser returned it
 
     def reset_state(self, module):
-        self.history, self.template = {}, None
+        self.saved.clear()
+        self.template = None
         return module
 
     def new_forward(self, module, *args, **kwargs):
@@ -113,7 +121,7 @@ class ForecastHook(ModelHook):
         if step < self.warmup or self.template is None:
             return False
         for branch in branches:
-            points = self.history.get(branch)
+            points = self.saved.store(OUTPUTS).points(branch)
             if not points:
                 return False
             last = points[-1][0]
@@ -127,7 +135,7 @@ class ForecastHook(ModelHook):
     def _predict(self, step: int, branches: tuple[str, ...]):
         per_branch = []
         for branch in branches:
-            points, weights = _stable_fit(self.history[branch][-(self.order + 1) :], step)
+            points, weights = _stable_fit(self.saved.store(OUTPUTS).points(branch), step)
             chunks = [
                 sum(w * values[k] for w, (_, values) in zip(weights, points))
                 for k in range(len(points[-1][1]))
@@ -141,13 +149,9 @@ class ForecastHook(ModelHook):
         if not tensors or any(t.dim() == 0 or t.shape[0] != chunk * len(branches) for t in tensors):
             return  # an output we cannot split by branch: never predicted
         self.template = output
-        for i, branch in enumerate(branches):
-            chunks = [t[i * chunk : (i + 1) * chunk].detach().clone() for t in tensors]
-            # Drop the step itself (a repeated call) and points too old for this schedule (after a gap).
-            oldest = step - self.order * self.interval
-            points = [p for p in self.history.get(branch, []) if oldest <= p[0] < step]
-            points.append((step, chunks))
-            self.history[branch] = points[-(self.order + 1) :]
+        # Drops the step itself (a repeated call) and points too old for this schedule (after a gap).
+        oldest = step - self.order * self.interval
+        self.saved.store(OUTPUTS).put(branches, step, tensors, since=oldest, copy=True)
 
 
 @register
@@ -180,7 +184,7 @@ class Forecast(Accelerator):
                 f"got {self.after_warmup!r}"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         pipeline_facts(fp.pipe)  # UnsupportedModelError for a pipeline without facts
         if self.at == "output":
             return install_hook(fp.denoiser, self._hook(fp), HOOK_NAME, fp.context)

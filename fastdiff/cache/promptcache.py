@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.hooks import ModelHook
@@ -37,6 +37,9 @@ from fastdiff.core.hooks import Handle, HandleGroup, install_hooks
 from fastdiff.core.models import TEXT_ENCODER_ATTRS, UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.promptcache"
 
@@ -170,7 +173,7 @@ class PromptCache(Accelerator):
     runs_on_xla = True
     conflicts_with = frozenset({"promptcache"})  # two caches on one encoder would share a hook name
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         encoders = {
             attr: module
             for attr in TEXT_ENCODER_ATTRS

@@ -1,4 +1,6 @@
-"""TeaCache-style block skipping: decide from the first block's timestep-modulated input whether to run the blocks.
+"""blockcache(mode=teacache): TeaCache-style block skipping (this module registers no accelerator of its own).
+
+Decide from the first block's timestep-modulated input whether to run the blocks.
 
 Liu et al. 2024 ("Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model"): the relative L1
 change of the first block's adaLN-modulated input between steps tracks the change of the blocks' output, once
@@ -112,38 +114,31 @@ def load_rescaling(path: str | None, model) -> np.poly1d:
 class TeaHead(ModelHook):
     """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold."""
 
-    _is_stateful = True
-
     def __init__(self, state, io, rescale: np.poly1d):
         super().__init__()
         self.state, self.io, self.rescale = state, io, rescale
-        self.previous: dict[tuple[str, ...], torch.Tensor] = {}
-        self.accumulated: dict[tuple[str, ...], float] = {}
-
-    def reset_state(self, module):
-        self.previous, self.accumulated = {}, {}
-        return module
 
     def new_forward(self, module, *args, **kwargs):
         st, ctx, io = self.state, self.state.context, self.io
-        key = st.branches
+        # per-branch state, cleared every call by blockcache's controller
+        branches, saved = st.branches, st.saved
         modulated = modulated_input(module, io, args, kwargs)
         edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1
-        tail = st.cache("tail")
+        inputs, tail = saved.store("modulated"), saved.store("tail")
         st.skip = False
-        if not edge and key in self.previous and tail.has(key):
-            total = self.accumulated.get(key, 0.0) + float(
-                self.rescale(relative_change(modulated, self.previous[key]))
-            )
+        chunk = modulated.shape[0] // len(branches)
+        if not edge and inputs.has(branches, chunk=chunk) and tail.has(branches):
+            so_far = max(saved.value("accumulated", b, 0.0) for b in branches)
+            total = so_far + float(self.rescale(relative_change(modulated, inputs.get(branches))))
             st.skip = total < st.threshold
             st.skipped += st.skip
-            self.accumulated[key] = total if st.skip else 0.0
+            saved.set("accumulated", branches, total if st.skip else 0.0)
         else:
-            self.accumulated[key] = 0.0
-        self.previous[key] = modulated
+            saved.set("accumulated", branches, 0.0)
+        inputs.put(branches, ctx.step, modulated)
         hidden = hidden_in(io, args, kwargs)
         if st.skip:
-            return with_hidden(io, passed_through(io, args, kwargs), hidden + tail.get(key))
+            return with_hidden(io, passed_through(io, args, kwargs), hidden + tail.get(branches))
         st.head_output = hidden  # the last block stores its output minus this: the residual of all blocks
         return self.fn_ref.original_forward(*args, **kwargs)
 

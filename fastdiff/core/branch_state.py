@@ -1,0 +1,110 @@
+"""Per-guidance-branch state for caching hooks, keyed by the step context's branches.
+
+A batched classifier-free-guidance call runs the denoiser on ``len(ctx.branches)`` equal chunks, one per branch
+(``("uncond", "cond")``); a callback may turn guidance off mid-call (``("cond",)``). Caches keep what they store
+per branch, so a later evaluation with another branch layout still finds each branch's own values. diffusers keys
+its hook state by cache context the same way (``StateManager``); this keys it by branch within one call.
+
+Example::
+
+    import torch
+    from fastdiff.core.branch_state import BranchState
+
+    state = BranchState()
+    state.store("tail").put(("uncond", "cond"), 0, torch.arange(4.0).reshape(4, 1))
+    state.store("tail").get(("cond",))  # tensor([[2.], [3.]])
+    state.clear()  # at the start of every call
+"""
+
+from __future__ import annotations
+
+import torch
+
+Value = torch.Tensor | list[torch.Tensor]  # a batch-first tensor, or a list of them (a module's outputs)
+
+
+def _split(value: Value, parts: int, copy: bool) -> list[Value]:
+    def chunks(t: torch.Tensor) -> list[torch.Tensor]:
+        size = t.shape[0] // parts
+        pieces = [t[i * size : (i + 1) * size] for i in range(parts)]
+        return [p.detach().clone() for p in pieces] if copy else pieces
+
+    parts_of: list[Value] = []
+    if isinstance(value, torch.Tensor):
+        parts_of.extend(chunks(value))
+    else:
+        parts_of.extend(list(per_branch) for per_branch in zip(*(chunks(t) for t in value)))
+    return parts_of
+
+
+def _batch(value: Value) -> int:
+    return (value if isinstance(value, torch.Tensor) else value[0]).shape[0]
+
+
+class BranchStore:
+    """Values stored per guidance branch, each with the step it was made at; the last ``keep`` per branch.
+
+    ``put`` splits a batch into its branches' chunks; ``get`` joins the latest chunks of the branches asked for, in
+    that order (no copy when they are the last ``put``'s whole batch); ``points`` is one branch's history, oldest
+    first."""
+
+    def __init__(self, keep: int = 1):
+        self.keep = keep
+        self._points: dict[str, list[tuple[int, Value]]] = {}
+        self._whole: tuple[tuple[str, ...], int, Value] | None = None
+
+    def put(
+        self, branches: tuple[str, ...], step: int, value: Value, since: int | None = None, copy: bool = False
+    ) -> None:
+        """Store ``value`` (its batch holds ``branches`` in order) at ``step``, replacing a value of the same or a
+        later step (a repeated call) and dropping points older than ``since``; ``copy``: keep detached copies."""
+        self._whole = None if copy else (branches, step, value)
+        for branch, part in zip(branches, _split(value, len(branches), copy)):
+            kept = [
+                p for p in self._points.get(branch, ()) if p[0] < step and (since is None or p[0] >= since)
+            ]
+            kept.append((step, part))
+            self._points[branch] = kept[-self.keep :]
+
+    def has(self, branches: tuple[str, ...], since: int = 0, chunk: int | None = None) -> bool:
+        """Every branch has a value from step ``since`` on (with ``chunk`` images, if given)."""
+        for branch in branches:
+            points = self._points.get(branch)
+            if not points or points[-1][0] < since or (chunk is not None and _batch(points[-1][1]) != chunk):
+                return False
+        return True
+
+    def get(self, branches: tuple[str, ...]) -> Value:
+        """The latest values of ``branches``, joined along the batch in that order."""
+        if self._whole is not None and self._whole[0] == branches:
+            return self._whole[2]
+        latest = [self._points[b][-1][1] for b in branches]
+        tensors = [v for v in latest if isinstance(v, torch.Tensor)]
+        if len(tensors) == len(latest):
+            return torch.cat(tensors)
+        return [torch.cat(parts) for parts in zip(*latest)]
+
+    def points(self, branch: str) -> list[tuple[int, Value]]:
+        return self._points.get(branch, [])
+
+
+class BranchState:
+    """A hook's per-branch stores by name, cleared together at the start of every call; ``values`` holds small
+    per-branch facts (a step, a running sum) beside them."""
+
+    def __init__(self, keep: int = 1):
+        self.keep = keep
+        self.stores: dict[str, BranchStore] = {}
+        self.values: dict[tuple[str, str], object] = {}  # (name, branch) -> value
+
+    def store(self, name: str) -> BranchStore:
+        return self.stores.setdefault(name, BranchStore(self.keep))
+
+    def value(self, name: str, branch: str, default=None):
+        return self.values.get((name, branch), default)
+
+    def set(self, name: str, branches: tuple[str, ...], value) -> None:
+        self.values.update(((name, b), value) for b in branches)
+
+    def clear(self) -> None:
+        self.stores, self.values = {}, {}
