@@ -1,9 +1,9 @@
 """fastdiff's import graph reads top-down: no import cycles, and no layer imports a higher one.
 
 Layers, low to high: core <- the accelerator families and the package's own ``__init__`` (the public facade,
-core's names only) <- eval and zoo <- tune and serving <- cli. Both checks read every module's source with ``ast`` and take its
-module-level imports (class bodies and ``if``/``try`` blocks included, ``if TYPE_CHECKING:`` blocks not):
-imports inside functions run later, on demand (optional dependencies, the zoo's builders).
+core's names only) <- eval <- zoo (the reference models), tune and serving <- cli. Both checks read every module's source with ``ast`` and take its
+module-level imports (class bodies, ``if``/``try`` blocks and ``if TYPE_CHECKING:`` blocks included: a type-only
+import is an arrow too); imports inside functions run later, on demand (optional dependencies, the zoo's builders).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ LAYERS = {
         ("cache", "compress", "distill", "guidance", "parallel", "schedulers", "train", "xla"), 1
     ),
     "eval": 2,
-    "zoo": 2,
+    "zoo": 3,  # the reference models: builders, training, their evaluators (registered by entry point)
     "tune": 3,
     "serving": 3,
     "": 1,  # the facade: core's public names only
@@ -43,12 +43,9 @@ def modules() -> dict[str, Path]:
 
 
 def _module_level(body: list[ast.stmt]):
-    """The statements that run on import: not function bodies, not ``if TYPE_CHECKING:`` blocks."""
+    """The statements that run on import, and type-only imports: not function bodies."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from _module_level(node.orelse)
             continue
         yield node
         for field in ("body", "orelse", "finalbody", "handlers"):
@@ -156,3 +153,23 @@ def test_importing_the_package_gives_the_library_only():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-3:] == ["[] False", "['core']", "[]"]
+
+
+def test_plugins_come_from_pyproject_and_sit_above_their_loaders(monkeypatch):
+    """The registry loads the accelerator families and ``quality_for`` the evaluators by entry point, named in
+    pyproject.toml only: each named module exists and sits above the layer that loads it (a plugin imports its
+    loader, never the reverse); the installed metadata agrees, and a source tree without it reads pyproject."""
+    from fastdiff.core import plugins
+
+    known, text = modules(), (PACKAGE.parent / "pyproject.toml").read_text()
+    for group, loader in (
+        (plugins.ACCELERATORS, "fastdiff.core.registry"),
+        (plugins.QUALITY, "fastdiff.eval"),
+    ):
+        names = plugins._pyproject_entries(text, group)
+        assert names and set(names) <= set(known), (group, names)
+        assert all(layer(name) > layer(loader) for name in names), (group, names)
+        assert plugins.plugin_modules(group) == names, f"reinstall (pip install -e .): {group} differs"
+        monkeypatch.setattr(plugins, "entry_points", lambda group: [])
+        assert plugins.plugin_modules(group) == names
+        monkeypatch.undo()

@@ -12,9 +12,10 @@ import torch
 from diffusers import DiffusionPipeline, StableDiffusion3Pipeline
 from safetensors.torch import load_file
 
-from fastdiff.eval.quality import digits_sd_quality, model_prompts
+from fastdiff.eval.quality import model_prompts
 from fastdiff.zoo import ZOO, available, build
 from fastdiff.zoo.digit_captions import bench_prompts
+from fastdiff.zoo.evaluators import digits_sd_quality
 from fastdiff.zoo.reference_flow import (
     DEFAULT_GUIDANCE,
     MAX_SEQUENCE_LENGTH,

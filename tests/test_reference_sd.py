@@ -10,9 +10,10 @@ import pytest
 from diffusers import StableDiffusionPipeline
 
 from fastdiff.eval.bench import make_inputs, run_bench
-from fastdiff.eval.quality import digits_sd_quality, model_prompts
+from fastdiff.eval.quality import model_prompts
 from fastdiff.zoo import build
 from fastdiff.zoo.digit_captions import DIGIT_WORDS, bench_prompts, digit_of, stroke_words, training_prompts
+from fastdiff.zoo.evaluators import digits_sd_quality
 from fastdiff.zoo.reference_sd import build_reference_sd
 from fastdiff.zoo.shipped import SHIPPED_SD, ShippedModelError, install, is_installed, shipped_table
 

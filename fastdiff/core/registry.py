@@ -6,7 +6,7 @@ Every accelerator is a frozen dataclass registered with ``@register``. It declar
 - ``kind``: its family; kinds are applied in ``KIND_ORDER`` (weights first, compile last);
 - ``touches``: what it changes (``"scheduler"``, ``"denoiser.forward"``, ``"denoiser.weights"`` ...);
 - ``exclusive``: touched resources that no other accelerator may touch at the same time;
-- ``conflicts_with``: names it cannot be combined with (declared on both sides; a test checks symmetry);
+- ``conflicts_with``: names it cannot be combined with (declared on one side: ``conflict_reason`` reads both);
 - ``runs_on_xla``: whether it runs on a torch-xla device (TPU); others are refused there (``check_device``).
 
 Several classes may share one ``spec_name`` when they declare the option that tells them apart
@@ -36,17 +36,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import pkgutil
 import typing
+import warnings
 from typing import Any, ClassVar
 
 from fastdiff.core.options import check_options
+from fastdiff.core.plugins import ACCELERATORS, load_plugins
 
 KIND_ORDER = ("compress", "attention", "cache", "guidance", "parallel", "text", "sampler", "compile")
 
 REGISTRY: dict[str, type[Accelerator]] = {}
 VARIANTS: dict[str, dict[str, type[Accelerator]]] = {}  # names shared by several classes: value -> class
+ALIASES: dict[str, str] = {}  # an old spec name -> the name it was renamed to (still parsed, with a warning)
 
 
 class AcceleratorError(ValueError):
@@ -70,6 +71,7 @@ class Accelerator:
     rebuilt_from_config: ClassVar[bool] = False
     # classes sharing a spec_name: the option whose value picks one, and its values (the first: the default)
     variant_option: ClassVar[str] = ""
+    renamed_from: ClassVar[tuple[str, ...]] = ()  # old spec names, still accepted with a FutureWarning
     variants: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
@@ -80,7 +82,7 @@ class Accelerator:
                     f"{self.spec_name}: {type(self).__name__} is {self.variant_option}={own}, got "
                     f"{self.variant_option}={getattr(self, self.variant_option)!r}"
                 )
-        check_options(self, field_types(type(self)))
+        check_options(self, field_types(type(self)))  # type: ignore[arg-type]  # a class hashes by identity
         self.validate()
 
     def validate(self) -> None:
@@ -110,6 +112,7 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
     name = cls.spec_name
     if not name or cls.kind not in KIND_ORDER:
         raise TypeError(f"{cls.__name__} needs a spec_name and a kind in {KIND_ORDER}, got kind={cls.kind!r}")
+    ALIASES.update(dict.fromkeys(cls.renamed_from, name))
     taken = REGISTRY.get(name)
     if not cls.variant_option:
         if taken is not None and taken is not cls:
@@ -137,22 +140,9 @@ def variant_of(cls: type[Accelerator]) -> str:
     return first.default
 
 
-FAMILIES = (
-    "fastdiff.schedulers",
-    "fastdiff.cache",
-    "fastdiff.guidance",
-    "fastdiff.compress",
-    "fastdiff.distill",
-    "fastdiff.parallel",
-)
-
-
 def _load_accelerators() -> None:
-    # Importing every module of every family runs their @register decorators.
-    for family in FAMILIES:
-        package = importlib.import_module(family)
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{family}.{info.name}")
+    # Importing every module of every family (the fastdiff.accelerators entry points) runs their @register.
+    load_plugins(ACCELERATORS, packages=True)
 
 
 def available() -> list[str]:
@@ -164,6 +154,10 @@ def available() -> list[str]:
 def get(name: str, variant: str | None = None) -> type[Accelerator]:
     """The class of ``name``; for a name shared by several classes, the one ``variant`` picks (None: the default)."""
     _load_accelerators()
+    if name in ALIASES and name not in REGISTRY:
+        warnings.warn(f"{name}(...) is now {ALIASES[name]}(...); the old name will go in a later release",
+                      FutureWarning, stacklevel=4)  # fmt: skip
+        name = ALIASES[name]
     if name not in REGISTRY:
         raise AcceleratorError(f"unknown accelerator {name!r}; available: {', '.join(sorted(REGISTRY))}")
     cls = REGISTRY[name]

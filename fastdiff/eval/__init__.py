@@ -6,15 +6,21 @@ them to any model that has one.
 
 from __future__ import annotations
 
+from functools import cache
+
+from fastdiff.core import plugins
 from fastdiff.eval.registry import QUALITY, QualityFn, register_quality
 
 
-def quality_for(pipe) -> QualityFn | None:
-    """The evaluator registered for ``pipe``'s class, or None."""
-    # The digits evaluators live in eval.quality; the exact models' (GMM) in their own modules, which are
-    # imported wherever one of their pipelines exists.
-    from fastdiff.eval import quality, quality_video  # noqa: F401
+@cache
+def _load_evaluators() -> None:
+    plugins.load_plugins(plugins.QUALITY)  # the modules that register evaluators (the references')
 
+
+def quality_for(pipe) -> QualityFn | None:
+    """The evaluator registered for ``pipe``'s class, or None. Evaluators come from the modules of the
+    ``fastdiff.quality`` entry points, and from a model's own module (the GMM models register on import)."""
+    _load_evaluators()
     return QUALITY.get(type(pipe).__name__)
 
 

@@ -86,7 +86,7 @@ NEEDS_ARTIFACT = {
     "parallel": "a torch.distributed process group of worker processes (tests/test_parallel.py)",
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
     "student": "a full-weight student distilled from this model (fastdiff distill progressive|consistency)",
-    "schedule": "a schedule tuned for this model (fastdiff tune-schedule)",
+    "timesteps": "timesteps tuned for this model (fastdiff tune-schedule)",
     "classifier-guidance": "a noise-aware classifier trained for this model (fastdiff train-classifier)",
 }
 # Declared touches that change a module itself, so pipelines sharing it see the change too.

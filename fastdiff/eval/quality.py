@@ -1,4 +1,4 @@
-"""Sample quality of the digits reference model: classifier accuracy and FD on classifier features.
+"""Sample quality by a digit classifier: accuracy, and FD on the classifier's features (the references' metrics).
 
 FD is torchmetrics' ``FrechetInceptionDistance`` with the digit classifier's penultimate layer as the
 feature extractor (a custom ``nn.Module``: no torch-fidelity or Inception weights needed).
@@ -30,7 +30,6 @@ from fastdiff.eval.classifier import (
 )
 from fastdiff.eval.fd_spread import classifier_features
 from fastdiff.eval.floor import FLOOR_DRAWS, draw_rng, matched_draw, ratio_to_floor
-from fastdiff.eval.registry import register_quality
 
 
 def accuracy(images, labels, classifier: DigitClassifier) -> float:
@@ -164,7 +163,6 @@ def load_reference_eval(directory: str | Path) -> ReferenceEval:
     return _CACHE[directory]
 
 
-@register_quality("ClassConditionalPipeline")
 def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
     """Accuracy, FD vs the test split, the like-for-like FD floor (the median over draws of as many distinct real
     train images of the same digits) and FD / floor with its paired-bootstrap interval
@@ -187,30 +185,6 @@ def digits_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -
     return {"accuracy": accuracy(images, labels, ref.classifier), "fd": ref.fd_to_test(images), **floor}
 
 
-@register_quality("StableDiffusion3Pipeline")  # digits-flow
-@register_quality("StableDiffusionPipeline")  # digits-sd
-def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0) -> dict[str, float]:
-    """Accuracy (label: the digit each prompt names), FD and FD floor for digits-sd and digits-flow; {} for other
-    models of their classes (they ship no bench prompts).
-
-    Example::
-
-        kwargs = {"prompt": ["a handwritten seven", "the digit 3"] * 50, "guidance_scale": 5.0}
-        digits_sd_quality(pipe, kwargs, pipe(**kwargs, output_type="np").images)
-    """
-    if model_prompts(pipe) is None:
-        return {}
-    from fastdiff.zoo.digit_captions import digit_of
-
-    prompts = call_kwargs.get("prompt")
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
-    if len(prompts) != len(images):
-        raise ValueError(
-            f"got {len(images)} images for {len(prompts)} prompts (one image per prompt is scored)"
-        )
-    return digits_quality(pipe, {"class_labels": [digit_of(p) for p in prompts]}, images, seed)
-
-
 __all__ = [
     "accuracy",
     "fd",
@@ -220,5 +194,4 @@ __all__ = [
     "pipeline_directory",
     "digits_quality",
     "model_prompts",
-    "digits_sd_quality",
 ]

@@ -14,13 +14,29 @@ staged step. Each broadcast is a ``FlatBroadcast`` (group.py): one flat buffer p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastdiff.parallel.group import FlatBroadcast, peers
 
 if TYPE_CHECKING:
     from fastdiff.parallel.async_plan import Plan
-    from fastdiff.parallel.async_state import AsyncState
+
+
+class AsyncState(Protocol):
+    """What an exchange reads of a rank's ``async_state.AsyncState`` (a protocol: the state imports this module)."""
+
+    context: Any
+    plan: Plan
+    stage: int
+    ranks: list[int]
+    group: Any
+    cache: dict[str, object]
+    sequential: bool
+    fresh: bool
+    index: int
+    warmup: int
+    stride: int
+
 
 WHERE = "parallel(mode=async)"
 

@@ -302,7 +302,7 @@ def evaluate_flow(model: str | Path, guidance_scales=(DEFAULT_GUIDANCE,), n: int
     """
     import time
 
-    from fastdiff.eval.quality import digits_sd_quality
+    from fastdiff.zoo.evaluators import digits_sd_quality
 
     if threads:
         torch.set_num_threads(threads)

@@ -266,7 +266,7 @@ def evaluate_video(model: str | Path, guidance: float = DEFAULT_GUIDANCE, n: int
     """
     import time
 
-    from fastdiff.eval.quality_video import moving_digits_quality
+    from fastdiff.zoo.evaluators import moving_digits_quality
 
     if threads:
         torch.set_num_threads(threads)
