@@ -86,6 +86,7 @@ docs: venv
 lint: venv
 	$(BIN)/ruff check fastdiff tests benchmarks
 	$(BIN)/ruff format --check fastdiff tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .fastdiff-cache out dist site

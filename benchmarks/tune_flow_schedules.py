@@ -4,7 +4,7 @@ For each NFE: every flow sampler preset (flow-euler, flow-dpm++2m, flow-unipc) w
 shift 1 and shift 3 (what diffusers computes, run as diffusers runs it) -> *best standard*; the tuner's integer
 standard spacings (``tuning_flow.flow_spacings``, run through the schedule route) -> *best grid standard*;
 ``tune()`` of each preset (calibration seeds 1000+, default settings but ``--seeds``/``--max-evals``) evaluated
-through the same route ``schedule(path=...)`` installs -> *tuned*. Errors are the mean ``ode_error`` against the
+through the same route ``timesteps(path=...)`` installs -> *tuned*. Errors are the mean ``ode_error`` against the
 exact DOP853 flow solve over held-out seeds 0 .. E-1 (``--eval-seeds``) x ``--batch`` samples.
 
     flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/tune_flow_schedules.py   # one thread

@@ -10,7 +10,7 @@ Run (one torch thread; heavy, so under the shared lock)::
 scheduler's own Karras / exponential / beta / lu / linspace sigmas where it has them, and the integer spacings
 the tuner starts from, run through the same route as the tuned one), and of the schedule that
 ``tune(...)`` finds with the CLI's defaults (calibration seeds 1000-1007, 256 samples each). Tuned schedules
-of the tunable samplers are applied with ``scheduler(name=X);schedule(path=...)``; DDIM, whose scheduler takes
+of the tunable samplers are applied with ``scheduler(name=X);timesteps(path=...)``; DDIM, whose scheduler takes
 no timesteps, is tuned and run as first-order DPM-Solver++ (the same update; equal to DDIM's default output
 where 1000 is a multiple of NFE, see ``ddim_as_dpm1``). ``digits``: DPM++2M at NFE 4, 5, 8, default vs
 Karras vs tuned (tuned on seeds 1000-1001, 64 images each, against DPM++2M Karras at 100 steps; measured by
@@ -92,7 +92,7 @@ def run_gmm(max_evals: int, samplers=SAMPLERS, nfes=NFES) -> dict:
                 path = SCHEDULES / f"gmm-{sampler}-{nfe}.json"
                 tuned.save(path)
                 fp = FastPipeline(pipe)
-                fp.accelerate(f"scheduler(name={sampler});schedule(path={path})")
+                fp.accelerate(f"scheduler(name={sampler});timesteps(path={path})")
                 outs = {
                     s: fp(**inputs, generator=torch.Generator().manual_seed(s), output_type="pt").images
                     for s in exact
@@ -143,7 +143,7 @@ def run_digits(max_evals: int) -> dict:
         named = [
             (f"default-{nfe}", f"scheduler(name=dpm++2m,steps={nfe})"),
             (f"karras-{nfe}", f"scheduler(name=dpm++2m-karras,steps={nfe})"),
-            (f"tuned-{nfe}", f"scheduler(name=dpm++2m);schedule(path={path})"),
+            (f"tuned-{nfe}", f"scheduler(name=dpm++2m);timesteps(path={path})"),
         ]
         for name, specs in named:
             handle = fp.accelerate(specs)

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastdiff.cli.tpu_infer import tpu_infer
 from fastdiff.eval.fidelity import psnr
 from fastdiff.eval.provenance import with_provenance
-from fastdiff.xla.infer import tpu_infer
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
 

@@ -44,7 +44,7 @@ MISSING = "/nonexistent/fastdiff-artifact"
 ARTIFACT_SPECS = {
     "student": f"student(path={MISSING})",
     "lcm-lora": f"lcm-lora(path={MISSING})",
-    "schedule": f"schedule(path={MISSING}.json)",
+    "timesteps": f"timesteps(path={MISSING}.json)",
     "classifier-guidance": f"classifier-guidance(path={MISSING})",
     **{f"parallel-{m}": f"parallel(mode={m})" for m in ParallelConfig.variants},
 }

@@ -112,7 +112,7 @@ SKIPPED = {
     "compile": "torch.compile takes minutes on its first call",
     "student": "needs a student saved by fastdiff distill",
     "lcm-lora": "needs a LoRA adapter directory",
-    "schedule": "needs a schedule JSON from fastdiff tune-schedule",
+    "timesteps": "needs a schedule JSON from fastdiff tune-schedule",
     "classifier-guidance": "needs a trained classifier file",
     "prune": "slow (torch-pruning traces the UNet); test_prune_refuses_or_applies_cleanly covers its refusals",
 }
@@ -181,11 +181,11 @@ def test_configs_apply_and_remove_cleanly_or_are_refused(tiny_sd, items):
 @pytest.mark.parametrize(
     "config",
     [
-        REGISTRY["schedule"](path="0 "),  # outer spaces were stripped
-        REGISTRY["schedule"](path=" "),  # read back as path="", which validate refuses
-        REGISTRY["schedule"](path="/tmp/a,b.json"),  # "option 'b.json' must be key=value"
-        REGISTRY["schedule"](path="a;b"),  # split into two specs
-        REGISTRY["schedule"](path='say "hi" \\'),
+        REGISTRY["timesteps"](path="0 "),  # outer spaces were stripped
+        REGISTRY["timesteps"](path=" "),  # read back as path="", which validate refuses
+        REGISTRY["timesteps"](path="/tmp/a,b.json"),  # "option 'b.json' must be key=value"
+        REGISTRY["timesteps"](path="a;b"),  # split into two specs
+        REGISTRY["timesteps"](path='say "hi" \\'),
         REGISTRY["blockcache"](mode="teacache", fit="none"),  # read back as fit=None
         REGISTRY["experts"](models="self|/x,y", boundaries="0.5"),
     ],
@@ -197,12 +197,19 @@ def test_string_options_that_need_quotes_round_trip(config):
 
 
 def test_quoted_values():
-    assert parse('schedule(path="a,b;c)")') == [REGISTRY["schedule"](path="a,b;c)")]
+    assert parse('timesteps(path="a,b;c)")') == [REGISTRY["timesteps"](path="a,b;c)")]
     assert parse('deepcache(interval="3")') == [REGISTRY["deepcache"](interval=3)]
-    assert parse("schedule(path=C:\\dir)") == [REGISTRY["schedule"](path="C:\\dir")]  # bare: no escapes
-    for bad in ['schedule(path="a)', 'schedule(path=a"b")', 'schedule(path="a"b")', '"']:
+    assert parse("timesteps(path=C:\\dir)") == [REGISTRY["timesteps"](path="C:\\dir")]  # bare: no escapes
+    for bad in ['timesteps(path="a)', 'timesteps(path=a"b")', 'timesteps(path="a"b")', '"']:
         with pytest.raises(AcceleratorError, match="quote"):
             parse(bad)
+
+
+def test_a_renamed_accelerator_still_parses_under_its_old_name_with_a_warning():
+    with pytest.warns(FutureWarning, match=r"schedule\(\.\.\.\) is now timesteps"):
+        old = parse("schedule(path=a.json)")
+    assert old == parse("timesteps(path=a.json)") and str(old[0]) == "timesteps(path=a.json)"
+    assert "schedule" not in available()
 
 
 # Bugs in accelerators found by the pipeline property: prune ratios whose channel counts the UNet cannot run

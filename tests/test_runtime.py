@@ -11,7 +11,8 @@ from helpers import call, make_fp
 from torch._dynamo.utils import counters
 
 from fastdiff import AcceleratorError
-from fastdiff.compress.runtime import compile_units, xformers_problem
+from fastdiff.compress.attention import xformers_problem
+from fastdiff.compress.compiled import compile_units
 
 FAMILIES = ["tiny-sd", "tiny-dit", "tiny-ddpm"]
 

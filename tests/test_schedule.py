@@ -1,4 +1,4 @@
-"""Tuned timestep schedules: the tuner, the JSON file, the schedule(path=...) accelerator and the CLI command."""
+"""Tuned timestep schedules: the tuner, the JSON file, the timesteps(path=...) accelerator and the CLI command."""
 
 import argparse
 import json
@@ -58,7 +58,7 @@ def test_json_round_trip_and_the_accelerator_runs_the_tuned_timesteps(tuned):
     assert json.loads(path.read_text())["model_hash"] == schedule.model_hash
     fp = FastPipeline(gmm())
     plain = call(fp, num_inference_steps=4)
-    handle = fp.accelerate(f"scheduler(name=dpm++2m);schedule(path={path})")
+    handle = fp.accelerate(f"scheduler(name=dpm++2m);timesteps(path={path})")
     assert fp.pipe.scheduler.__dict__.get("set_timesteps") is not None
     out = call(fp)  # the step count comes from the schedule
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps
@@ -94,16 +94,16 @@ def test_mismatched_model_sampler_or_nfe_is_refused(tuned):
     _, path = tuned
     other = FastPipeline(gmm(seed=1))
     with pytest.raises(AcceleratorError, match="config hash"):
-        other.accelerate(f"scheduler(name=dpm++2m);schedule(path={path})")
+        other.accelerate(f"scheduler(name=dpm++2m);timesteps(path={path})")
     assert not other.accelerators and "set_timesteps" not in other.pipe.scheduler.__dict__
     fp = FastPipeline(gmm())
     with pytest.raises(AcceleratorError, match="sampler dpm\\+\\+2m .*UniPCMultistepScheduler"):
-        fp.accelerate(f"scheduler(name=unipc);schedule(path={path})")
+        fp.accelerate(f"scheduler(name=unipc);timesteps(path={path})")
     with pytest.raises(AcceleratorError, match="use_karras_sigmas"):
-        fp.accelerate(f"scheduler(name=dpm++2m-karras);schedule(path={path})")
+        fp.accelerate(f"scheduler(name=dpm++2m-karras);timesteps(path={path})")
     with pytest.raises(AcceleratorError, match="tuned for 4 steps; the step default is 8"):
-        fp.accelerate(f"scheduler(name=dpm++2m,steps=8);schedule(path={path})")
-    handle = fp.accelerate(f"scheduler(name=dpm++2m);schedule(path={path})")
+        fp.accelerate(f"scheduler(name=dpm++2m,steps=8);timesteps(path={path})")
+    handle = fp.accelerate(f"scheduler(name=dpm++2m);timesteps(path={path})")
     with pytest.raises(CallArgumentError, match=r"num_inference_steps=8 .*\(4 steps\) allows only 4"):
         call(fp, num_inference_steps=8)  # refused before any model work
     assert fp.allowed_steps().only == {4}
@@ -117,7 +117,7 @@ def test_schedule_listed_before_the_scheduler_is_refused_not_ignored(tuned):
     _, path = tuned
     fp = FastPipeline(gmm())
     fp.pipe.scheduler = make_scheduler("dpm++2m", fp.pipe.scheduler.config)
-    fp.accelerate(f"schedule(path={path});scheduler(name=dpm++2m)")  # swaps the scheduler after schedule
+    fp.accelerate(f"timesteps(path={path});scheduler(name=dpm++2m)")  # swaps the scheduler after schedule
     with pytest.raises(AcceleratorError, match="did not act"):
         call(fp)
     fp.remove_all()
@@ -176,7 +176,7 @@ def test_cli_command_writes_the_schedule(tmp_path, capsys):
     )  # the config hash survives save_pretrained/from_pretrained
     assert schedule.sampler == "unipc" and schedule.nfe == 3 and schedule.objective["evaluations"] <= 30
     assert "objective log" in capsys.readouterr().err
-    fp = FastPipeline.from_pretrained(model, accelerators=f"scheduler(name=unipc);schedule(path={out})")
+    fp = FastPipeline.from_pretrained(model, accelerators=f"scheduler(name=unipc);timesteps(path={out})")
     assert fp(batch_size=2, output_type="pt").images.shape == (2, 1, 8, 8)
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps
 

@@ -1,4 +1,4 @@
-"""Tuned schedules on flow-matching models: tune() on gmm-flow, schedule(path=...) on flow samplers, refusals."""
+"""Tuned schedules on flow-matching models: tune() on gmm-flow, timesteps(path=...) on flow samplers, refusals."""
 
 import argparse
 import dataclasses
@@ -88,7 +88,7 @@ def test_schedule_installs_exactly_the_tuned_sigmas_and_remove_restores(tmp_path
         )
 
     hook = fp.denoiser.register_forward_pre_hook(record, with_kwargs=True)
-    handle = fp.accelerate(f"scheduler(name={sampler});schedule(path={path})")
+    handle = fp.accelerate(f"scheduler(name={sampler});timesteps(path={path})")
     out = call(fp)  # the step count comes from the schedule
     timesteps, sigmas, first_t = seen[0]
     expected = torch.cat([torch.tensor(HAND, dtype=torch.float64).div(1000).float(), torch.zeros(1)])
@@ -112,7 +112,7 @@ def test_the_tuned_file_round_trips_through_the_accelerator(tuned):
     schedule, path = tuned
     assert TunedSchedule.load(path) == schedule
     fp = FastPipeline(flow_pipe())
-    fp.accelerate(f"scheduler(name=flow-unipc);schedule(path={path})")
+    fp.accelerate(f"scheduler(name=flow-unipc);timesteps(path={path})")
     call(fp)
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps
     assert fp.pipe.scheduler.sigmas.tolist() == torch.tensor(schedule.sigmas, dtype=torch.float32).tolist()
@@ -167,21 +167,21 @@ def test_model_hash_is_the_flow_convention_shared_by_every_flow_preset():
 def test_mismatches_are_refused(tmp_path, tuned):
     _, path = tuned
     with pytest.raises(AcceleratorError, match="config hash"):
-        FastPipeline(flow_pipe(seed=1)).accelerate(f"scheduler(name=flow-unipc);schedule(path={path})")
+        FastPipeline(flow_pipe(seed=1)).accelerate(f"scheduler(name=flow-unipc);timesteps(path={path})")
     with pytest.raises(AcceleratorError, match="config hash"):  # another shift: another sigma convention
-        FastPipeline(flow_pipe(shift=3.0)).accelerate(f"scheduler(name=flow-unipc);schedule(path={path})")
+        FastPipeline(flow_pipe(shift=3.0)).accelerate(f"scheduler(name=flow-unipc);timesteps(path={path})")
     fp = FastPipeline(flow_pipe())
     with pytest.raises(AcceleratorError, match="sampler flow-unipc .*DPMSolverMultistepScheduler"):
-        fp.accelerate(f"scheduler(name=flow-dpm++2m);schedule(path={path})")
+        fp.accelerate(f"scheduler(name=flow-dpm++2m);timesteps(path={path})")
     with pytest.raises(AcceleratorError, match="sampler flow-unipc .*FlowMatchEulerDiscreteScheduler"):
-        fp.accelerate(f"schedule(path={path})")  # the model's own flow-euler
+        fp.accelerate(f"timesteps(path={path})")  # the model's own flow-euler
     assert not fp.accelerators and "set_timesteps" not in fp.pipe.scheduler.__dict__
     gmm = GMMPipeline(GMMDenoiser(), noise_scheduler())
     noise = hand_schedule(tmp_path, "dpm++2m", gmm, [999, 600, 300, 50])
     with pytest.raises(AcceleratorError, match="noise-predicting model .* predicts flow"):
-        fp.accelerate(f"schedule(path={noise})")
+        fp.accelerate(f"timesteps(path={noise})")
     with pytest.raises(AcceleratorError, match="flow-matching model .* predicts epsilon"):
-        FastPipeline(gmm).accelerate(f"scheduler(name=dpm++2m);schedule(path={path})")
+        FastPipeline(gmm).accelerate(f"scheduler(name=dpm++2m);timesteps(path={path})")
     with pytest.raises(AcceleratorError, match="does not fit .*flow-matching model; tune one of flow-euler"):
         tune(flow_pipe(), "dpm++2m", 4, seeds=1, batch=4, max_evals=2, progress=False)
     with pytest.raises(AcceleratorError, match="'flow-heun' cannot be tuned: two denoiser calls"):
@@ -197,8 +197,8 @@ def test_pipelines_passing_their_own_sigmas_are_refused_unless_the_solver_takes_
     )  # as Flux: sigmas to FlowMatchEuler, none to UniPC
     fp = FastPipeline(flow_pipe())
     with pytest.raises(AcceleratorError, match="passes its own sigmas .*flow-dpm\\+\\+2m or flow-unipc"):
-        fp.accelerate(f"scheduler(name=flow-euler);schedule(path={hand_schedule(tmp_path, 'flow-euler')})")
-    fp.accelerate(f"scheduler(name=flow-unipc);schedule(path={hand_schedule(tmp_path, 'flow-unipc')})")
+        fp.accelerate(f"scheduler(name=flow-euler);timesteps(path={hand_schedule(tmp_path, 'flow-euler')})")
+    fp.accelerate(f"scheduler(name=flow-unipc);timesteps(path={hand_schedule(tmp_path, 'flow-unipc')})")
 
 
 def test_standard_flow_spacings_start_at_the_top_and_decrease():
@@ -223,7 +223,7 @@ def test_cli_tunes_a_flow_model(tmp_path, capsys):
     assert schedule.model_hash == model_hash(flow_pipe()) and schedule.sampler == "flow-dpm++2m"
     assert "exact flow ODE solve" in capsys.readouterr().err
     fp = FastPipeline.from_pretrained(
-        model, accelerators=f"scheduler(name=flow-dpm++2m);schedule(path={out})"
+        model, accelerators=f"scheduler(name=flow-dpm++2m);timesteps(path={out})"
     )
     assert fp(batch_size=2, output_type="pt").images.shape == (2, 1, 8, 8)
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps

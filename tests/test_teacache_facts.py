@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fastdiff import FastPipeline, UnsupportedModelError
+from fastdiff.cache.blockcache_teacache import modulated_input
 from fastdiff.cache.blockio import first_and_last_blocks
-from fastdiff.cache.teacache import modulated_input
 from fastdiff.core.denoisers import block_io
 from fastdiff.core.inputs import make_inputs
 from fastdiff.core.tensors import pixels

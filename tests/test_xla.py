@@ -35,10 +35,10 @@ import torch_xla.backends  # noqa: E402
 # A TPU multiplies fp32 through bf16 passes by default; the comparisons with CPU eager need full precision.
 torch_xla.backends.set_mat_mul_precision("highest")
 
+from fastdiff.cli.tpu_infer import call_inputs, load, tpu_infer  # noqa: E402
 from fastdiff.core.registry import REGISTRY, AcceleratorError, available  # noqa: E402
 from fastdiff.core.spec import parse  # noqa: E402
 from fastdiff.schedulers.presets import NOT_ON_XLA, PRESETS  # noqa: E402
-from fastdiff.xla.infer import call_inputs, load, tpu_infer  # noqa: E402
 from fastdiff.xla.metrics import since, snapshot  # noqa: E402
 from fastdiff.zoo import build  # noqa: E402
 from fastdiff.zoo.shipped import ensure_digits  # noqa: E402

@@ -93,7 +93,7 @@ def call_kwargs(fp, args, batch: int | None) -> dict:
 def run(args) -> dict:
     import torch
 
-    from fastdiff.cache.teacache import fit_rescaling
+    from fastdiff.cache.blockcache_teacache import fit_rescaling
 
     if args.steps < 3 or args.calls < 1 or args.degree < 1:
         raise ValueError(

@@ -3,9 +3,9 @@
 Example::
 
     fastdiff tune-schedule gmm --sampler dpm++2m --nfe 6 --out schedule.json --seeds 8
-    fastdiff bench gmm --config tuned="scheduler(name=dpm++2m);schedule(path=schedule.json)"
+    fastdiff bench gmm --config tuned="scheduler(name=dpm++2m);timesteps(path=schedule.json)"
     fastdiff tune-schedule gmm-flow --sampler flow-unipc --nfe 6 --out flow.json   # flow-matching models
-    fastdiff bench gmm-flow --config tuned="scheduler(name=flow-unipc);schedule(path=flow.json)"
+    fastdiff bench gmm-flow --config tuned="scheduler(name=flow-unipc);timesteps(path=flow.json)"
 
 Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args)`` does the work.
 """

@@ -52,8 +52,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args) -> dict:
     """Run the driver, print s/image and the XLA metrics; returns the result (images included)."""
     from fastdiff.cli.resolve import resolve_model
+    from fastdiff.cli.tpu_infer import report, save, tpu_infer
     from fastdiff.core.registry import AcceleratorError
-    from fastdiff.xla.infer import report, save, tpu_infer
 
     for name in ("batch", "runs", "warmup", "steps"):
         value = getattr(args, name)

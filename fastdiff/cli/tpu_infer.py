@@ -1,4 +1,5 @@
-"""The TPU inference driver behind ``fastdiff tpu-infer``: warm-up calls, then timed calls, then XLA metrics.
+"""The TPU inference driver behind ``fastdiff tpu-infer`` (registered by cli/tpu.py): warm-up calls, then timed
+calls, then XLA metrics.
 
 Shapes stay static: every call has the same batch, size and step count, so after the warm-up XLA only
 executes graphs it has compiled (the metrics show ``compiles`` 0 for the timed calls). ``device="cpu"``
@@ -6,7 +7,7 @@ runs the very same calls in CPU eager mode, for comparison.
 
 Example (``PJRT_DEVICE=CPU`` on any machine, ``PJRT_DEVICE=TPU`` on a TPU VM)::
 
-    from fastdiff.xla.infer import report, tpu_infer
+    from fastdiff.cli.tpu_infer import report, tpu_infer
     from fastdiff.zoo.shipped import ensure_digits
 
     result = tpu_infer(ensure_digits("/tmp/digits"), "scheduler(name=dpm++2m,steps=20)", batch=8)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import psutil
 import torch
@@ -47,6 +47,9 @@ from fastdiff.core.hooks import Handle
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.train.inputs import capture_inputs
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 TARGETS = {
     "linear": ("linear",),
@@ -169,7 +172,7 @@ class LowRank(Accelerator):
     runs_on_xla = True
     exclusive = frozenset({"denoiser.structure"})
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         den = fp.denoiser
         denoiser_facts(den, "lowrank")
         refuse_hooked_blocks(den, "lowrank")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import gc
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -61,6 +61,9 @@ from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.train.inputs import capture_inputs
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 # Modules whose output width must not change (time/condition embedding width, output image channels).
@@ -94,7 +97,7 @@ class Prune(Accelerator):
     runs_on_xla = True
     exclusive = frozenset({"denoiser.weights", "denoiser.structure"})
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         den = fp.denoiser
         check_prunable(den, "prune")
         if den._parameters or den._buffers:

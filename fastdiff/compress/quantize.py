@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -47,6 +47,9 @@ from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 MODES = ("int8-dynamic", "int8-weight", "fp8", "int8-static")
 
@@ -117,7 +120,7 @@ class Quantize(Accelerator):
                 "quantize: calibration_batch/calibration_steps apply to mode=int8-static only"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         from torchao.quantization import quantize_
 
         denoiser = fp.denoiser

@@ -236,7 +236,7 @@ class _StaticHook(ModelHook):
 
 def apply_static(fp, calibration_batch: int, calibration_steps: int):
     """Calibrate, quantize and hook every compile unit of ``fp.denoiser``; returns a removable HandleGroup."""
-    from fastdiff.compress.runtime import compile_units
+    from fastdiff.compress.compiled import compile_units
     from fastdiff.core.inputs import make_inputs
 
     denoiser = fp.denoiser

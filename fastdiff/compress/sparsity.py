@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import Handle, install_hook
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK = "fastdiff.sparsity"
 
@@ -128,7 +131,7 @@ class Sparsity(Accelerator):
                 f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         den = fp.denoiser
         denoiser_facts(den, "sparsity")
         layers = [m for m in den.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and m.weight.shape[1] > 1]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers.hooks import ModelHook
@@ -34,6 +35,9 @@ from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hoo
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 _SEED = 0  # the dst choice is reseeded with this at the start of every pipeline call
 
@@ -285,7 +289,6 @@ class ToMe(Accelerator):
     # denoiser.tokens: it merges tokens, so it is refused beside a sequence split
     touches = frozenset({"denoiser.attention", "denoiser.tokens"})
     runs_on_xla = True
-    conflicts_with = frozenset({"experts"})  # its hooks sit inside one model; experts route around it
 
     def validate(self) -> None:
         if self.sx * self.sy < 2:
@@ -298,7 +301,7 @@ class ToMe(Accelerator):
                 f"tome: ratio must be in (0, {limit:g}] for sx={self.sx}, sy={self.sy}, got {self.ratio}"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         denoiser = fp.denoiser
         facts = denoiser_facts(denoiser, "tome")
         if not facts.attention_blocks:

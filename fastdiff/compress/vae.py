@@ -20,10 +20,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastdiff.core.hooks import Handle
 from fastdiff.core.models import UnsupportedModelError, family_name
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 # The autoencoder attributes the switches set (diffusers' own names), restored on remove().
 _SWITCHES = ("use_tiling", "use_slicing", "use_framewise_decoding", "use_framewise_encoding")
@@ -47,7 +51,7 @@ class VaeTiling(Accelerator):
         if not (self.tiling or self.slicing or self.frames):
             raise AcceleratorError("vae-tiling: tiling, slicing and frames are all false; enable one")
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         vae = getattr(fp.pipe, "vae", None)
         if vae is None or not hasattr(vae, "use_tiling"):
             raise UnsupportedModelError(

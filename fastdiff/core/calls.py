@@ -36,7 +36,7 @@ def max_steps(scheduler) -> int | None:
     if not isinstance(train, int) or "FlowMatch" in type(scheduler).__name__ or config.get("use_flow_sigmas"):
         return None
     key = json.dumps({k: v for k, v in config.items() if not k.startswith("_")}, sort_keys=True, default=str)
-    return _max_steps(type(scheduler), key, train)
+    return _max_steps(type(scheduler), key, train)  # type: ignore[arg-type]  # a class hashes by identity
 
 
 @functools.lru_cache(maxsize=64)

@@ -70,7 +70,7 @@ class StepContext:
         raw = self.raw_timestep
         if isinstance(raw, torch.Tensor):
             raw = self.raw_timestep = raw.flatten()[0].item() if raw.numel() else None
-        return None if raw is None else float(raw)
+        return None if raw is None else float(raw)  # type: ignore[arg-type]  # a number once read
 
     @timestep.setter
     def timestep(self, value) -> None:

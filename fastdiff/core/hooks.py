@@ -32,6 +32,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -78,6 +79,9 @@ class HandleGroup(Handle):
 
 class GatedHook(ModelHook):
     """Runs ``hook`` only while ``context.active``; otherwise calls the wrapped forward untouched."""
+
+    hook: ModelHook
+    context: Any
 
     def __init__(self, hook: ModelHook, context):
         self.__dict__.update(hook=hook, context=context, _fn_ref=None)
@@ -170,7 +174,7 @@ def strip_copied_hooks(root: torch.nn.Module) -> list[str]:
     for path, module in root.named_modules():
         registry = getattr(module, "_diffusers_hook", None)
         for name in list(registry._hook_order) if registry is not None else []:
-            hook = registry.hooks[name]
+            hook = registry.hooks[name]  # type: ignore[union-attr]  # not None inside this loop
             if isinstance(hook, GatedHook) and hook.context.is_copy:
                 _remove(module, name)
                 stripped.append(f"{path or type(root).__name__}: {name}")
@@ -193,7 +197,7 @@ def tracked_registry(module: torch.nn.Module) -> HookRegistry:
     had_forward = "forward" in module.__dict__
     registry = HookRegistry.check_if_exists_or_initialize(module)
     if not registry.hooks and not hasattr(registry, "_fastdiff_created"):
-        registry._fastdiff_created = (fresh, had_forward)
+        setattr(registry, "_fastdiff_created", (fresh, had_forward))  # noqa: B010  # not a HookRegistry field
     return registry
 
 
@@ -238,7 +242,7 @@ def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
     registry.remove_hook(name, recurse=False)
     for n, hook in peeled:
         registry.register_hook(hook, n)
-    if replaced:  # leave the other tool's forward in place; it is its to restore
+    if replaced and current is not None:  # leave the other tool's forward in place; it is its to restore
         module.forward = current
     if tidy and not registry.hooks and hasattr(registry, "_fastdiff_created"):
         created, had_forward = registry.__dict__.pop("_fastdiff_created")

@@ -32,7 +32,9 @@ def pipeline_class(class_name: str | None):
     from diffusers import DiffusionPipeline
 
     module = OWN_PIPELINES.get(class_name or "")
-    return DiffusionPipeline if module is None else getattr(importlib.import_module(module), class_name)
+    if module is None or class_name is None:
+        return DiffusionPipeline
+    return getattr(importlib.import_module(module), class_name)
 
 
 def load_pipeline(path_or_dir: str | os.PathLike, **kwargs):

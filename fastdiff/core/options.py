@@ -87,7 +87,8 @@ def describe(kind: type | None, bounds: Bounds, allows_none: bool) -> str:
     if bounds.choices:
         text = f"one of {', '.join(str(c) for c in bounds.choices)}"
     else:
-        noun = {int: "an integer", float: "a number"}.get(kind, "a value")
+        nouns: dict[type | None, str] = {int: "an integer", float: "a number"}
+        noun = nouns.get(kind, "a value")
         text = f"{noun} {bounds.interval()}".strip()
     return f"{text} or none" if allows_none else text
 
@@ -116,9 +117,9 @@ def check_options(config, hints: dict[str, Any]) -> None:
             or (kind is float and isinstance(value, (int, float)) and math.isfinite(value))
             or kind not in (int, float)
         )
-        if not (ok and bounds.holds(value)):
+        if not (ok and (bounds is None or bounds.holds(value))):
             raise AcceleratorError(
-                f"{config.spec_name}: {f.name} must be {describe(kind, bounds, allows_none)}, got {value!r}"
+                f"{config.spec_name}: {f.name} must be {describe(kind, bounds or Bounds(), allows_none)}, got {value!r}"
             )
 
 

@@ -78,6 +78,8 @@ class NonFiniteOutputError(FloatingPointError):
 class FastPipeline:
     """Wraps ``pipe``; calling it takes the pipeline's own arguments and returns its own output type."""
 
+    _adapters: Any  # set in __init__ through __dict__ (attribute writes go to the pipeline)
+
     def __init__(self, pipe, accelerators=None):
         if isinstance(pipe, FastPipeline):
             raise TypeError("pipe is already a FastPipeline; pass fp.pipe to wrap the diffusers pipeline")
@@ -314,7 +316,7 @@ class FastPipeline:
                 check_size(key, kwargs[key], factor)
 
     def _signature_default(self, name: str):
-        return _call_default(type(self.pipe), name)
+        return _call_default(type(self.pipe), name)  # type: ignore[arg-type]  # a class hashes by identity
 
     def _batch_size(self, kwargs: dict) -> int | None:
         for key in ("prompt", "class_labels"):

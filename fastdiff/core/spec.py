@@ -98,7 +98,7 @@ def parse_one(text: str) -> Accelerator:
         picked = next((v for k, v in items if k == cls.variant_option), None)
         cls = get(name, None if picked is None else unquote(picked, f"{name}.{cls.variant_option}")[0])
         where = f"{name}({cls.variant_option}={variant_of(cls)})"
-    types_ = field_types(cls)
+    types_ = field_types(cls)  # type: ignore[arg-type]  # a class hashes by identity
     kwargs: dict[str, Any] = {}
     for key, value in items:
         if key not in types_:

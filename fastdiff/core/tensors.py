@@ -26,7 +26,12 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors of a nested value, in ``map_tensors`` order."""
     found: list[torch.Tensor] = []
-    map_tensors(value, lambda t: found.append(t) or t)
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(value, keep)
     return found
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastdiff.core.foreign import adapter_layout
 from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing
@@ -28,6 +29,9 @@ from fastdiff.core.models import require_prediction
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.distill.student import DistilledAccelerator, baked_guidance, conditional_only
 from fastdiff.distill.validate import check_validated
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 ADAPTER_NAME = "fastdiff-lcm"
 
@@ -50,7 +54,7 @@ class LcmLora(DistilledAccelerator):
         manifest = folder / MANIFEST
         return json.loads(manifest.read_text()) if manifest.is_file() else {}
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         from diffusers import LCMScheduler
         from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
         from peft.tuners.tuners_utils import BaseTunerLayer

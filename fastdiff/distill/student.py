@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers.hooks import ModelHook
@@ -42,6 +43,9 @@ from fastdiff.core.models import model_prediction, pipeline_facts
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.distill.validate import check_validated
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.student-guidance"
 GUARD_NAME = "fastdiff.student-direct-call-guard"
@@ -96,7 +100,7 @@ class Student(DistilledAccelerator):
                                    f"{info.get('method')!r}; a run's OUT of progressive holds steps-N students)")  # fmt: skip
         return info
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         from diffusers import SchedulerMixin
 
         info = self.manifest()

@@ -38,6 +38,7 @@ import dataclasses
 import inspect
 import math
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,6 +55,9 @@ from fastdiff.guidance.noisy_classifier import (
     same_schedule,
     schedule_of,
 )
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.classifier-guidance"
 PREDICTIONS = ("epsilon", "v_prediction", "sample")
@@ -220,7 +224,7 @@ class ClassifierGuidance(Accelerator):
         if self.start > self.end:
             raise AcceleratorError(f"{name}: start ({self.start}) must be <= end ({self.end})")
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         name = self.spec_name
         require_prediction(fp, name, PREDICTIONS)  # the gradient's shift is derived for noise-schedule models
         try:

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers.hooks import ModelHook
@@ -35,6 +36,9 @@ from fastdiff.core.models import PIPELINES, UnsupportedModelError, pipeline_fact
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.cfg-interval"
 
@@ -121,7 +125,7 @@ class CFGInterval(Accelerator):
         if self.start > self.end:
             raise AcceleratorError(f"cfg-interval: start ({self.start}) must be <= end ({self.end})")
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         facts = pipeline_facts(fp.pipe)
         if "cond" not in facts.cfg_layout + facts.cfg_sequence:
             guided = sorted(n for n, f in PIPELINES.items() if "cond" in f.cfg_layout + f.cfg_sequence)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from diffusers.hooks import ModelHook
@@ -58,6 +58,9 @@ from fastdiff.core.tensors import batch_size_of
 from fastdiff.parallel.async_plan import balanced_cuts, cat_rows, head_key, rows_of
 from fastdiff.parallel.async_state import MAX_RECUTS, AsyncState
 from fastdiff.parallel.group import ParallelConfig
+
+if TYPE_CHECKING:
+    pass
 
 HOOK_NAME = "fastdiff.parallel-async"
 __all__ = ["MAX_RECUTS", "AsyncState", "ParallelAsync", "balanced_cuts", "install_async", "stage_units"]
@@ -99,7 +102,7 @@ class ParallelAsync(ParallelConfig):
     def stage_count(self) -> int:
         return self.stages or self.devices // self.branches
 
-    def apply(self, fp) -> HandleGroup:
+    def apply(self, fp: FastPipeline) -> HandleGroup:
         stage_units(fp.denoiser)  # an unsupported denoiser fails before the process group is looked at
         return install_async(fp, self, self.group_rank(), list(range(self.devices)))
 

@@ -27,7 +27,7 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from diffusers.hooks import ModelHook
@@ -39,6 +39,9 @@ from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.core.tensors import batch_size_of, map_tensors
 from fastdiff.parallel.cfg_separate import SeparateBranchHook
 from fastdiff.parallel.group import ParallelConfig, gather
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 HOOK_NAME = "fastdiff.parallel-cfg"
 
@@ -114,7 +117,7 @@ class ParallelCfg(ParallelConfig):
     touches = frozenset({"denoiser.forward", "denoiser.batch"})
     exclusive = frozenset({"denoiser.batch"})  # cfg-interval and baked-guidance students reshape the batch
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         branches = branch_count(fp, "parallel(mode=cfg)")
         if self.devices != branches:
             raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "

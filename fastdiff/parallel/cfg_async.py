@@ -10,7 +10,7 @@ Example (``torchrun --nproc-per-node 4 script.py``)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastdiff.core.hooks import HandleGroup, all_or_nothing
 from fastdiff.core.options import option
@@ -18,6 +18,9 @@ from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.async_ import ParallelAsync, install_async, stage_units
 from fastdiff.parallel.cfg import ParallelCfg, guidance_branches, install_branch_split
 from fastdiff.parallel.group import subgroups
+
+if TYPE_CHECKING:
+    pass
 
 
 @register
@@ -32,7 +35,7 @@ class ParallelCfgAsync(ParallelAsync):
     exclusive = ParallelCfg.exclusive | ParallelAsync.exclusive
     branches = 2
 
-    def apply(self, fp) -> HandleGroup:
+    def apply(self, fp: FastPipeline) -> HandleGroup:
         branches, stages = guidance_branches(fp, "parallel(mode=cfg+async)"), self.stage_count()
         if self.devices != branches * stages:
             raise AcceleratorError(f"parallel(mode=cfg+async) runs one guidance branch per device: devices must "

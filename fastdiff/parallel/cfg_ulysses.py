@@ -10,7 +10,7 @@ Example (``torchrun --nproc-per-node 4 script.py``)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -19,6 +19,9 @@ from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.cfg import ParallelCfg, branch_count, install_branch_split
 from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
+
+if TYPE_CHECKING:
+    pass
 
 
 @register
@@ -36,7 +39,7 @@ class ParallelCfgUlysses(SequenceParallelConfig):
     def context_parallel_options(self) -> dict:
         return {"ulysses_anything": True}
 
-    def apply(self, fp) -> HandleGroup:
+    def apply(self, fp: FastPipeline) -> HandleGroup:
         where = "parallel(mode=cfg+ulysses)"
         branches = branch_count(fp, where)
         share = self.devices // branches

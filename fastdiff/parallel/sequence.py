@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -42,6 +42,9 @@ from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
 from fastdiff.core.registry import AcceleratorError, register
 from fastdiff.parallel.group import ParallelConfig
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 _MISSING = object()
 
@@ -58,7 +61,7 @@ class SequenceParallelConfig(ParallelConfig):
     def check_backend(self, backend: str, where: str) -> None:
         """Refuse an attention backend this mode cannot run on."""
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         return self.enable(fp)
 
     def enable(self, fp, **options) -> Handle:

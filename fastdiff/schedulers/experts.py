@@ -23,12 +23,16 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.hooks import HandleGroup, install_hook
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
+
+if TYPE_CHECKING:
+    pass
 
 # Config entries that must agree for an expert to take the pipeline denoiser's inputs.
 MATCHING = (
@@ -110,7 +114,8 @@ class Experts(Accelerator):
     kind = "compress"  # applied first: innermost on the denoiser, so guidance/forecast hooks wrap the routing
     touches = frozenset({"denoiser.forward", "denoiser.experts"})
     exclusive = frozenset({"denoiser.experts"})
-    conflicts_with = frozenset({"deepcache", "blockcache", "tome"})  # they hook inside one model only
+    # deepcache, blockcache and tome hook inside one model only; experts route around it
+    conflicts_with = frozenset({"deepcache", "blockcache", "tome"})
 
     @property
     def model_list(self) -> list[str]:
@@ -140,7 +145,7 @@ class Experts(Accelerator):
                 f"experts: boundaries must increase strictly inside (0, 1), got {self.boundaries!r}"
             )
 
-    def apply(self, fp) -> HandleGroup:
+    def apply(self, fp: FastPipeline) -> HandleGroup:
         own = fp.denoiser
         loaded: dict[str, torch.nn.Module] = {}
         for path in self.model_list:

@@ -21,7 +21,7 @@ import inspect
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import diffusers
 
@@ -30,6 +30,9 @@ from fastdiff.core.models import PIPELINES
 from fastdiff.core.options import option
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 # the FlowMatch classes convert passed sigmas with np.array; UniPC multiplies a passed Python list as it is
 TAKES_LIST_SIGMAS = frozenset({"flow-euler", "flow-heun"})
@@ -215,7 +218,7 @@ class Scheduler(Accelerator):
                 f"scheduler: unknown preset {self.name!r}; choose one of {', '.join(PRESETS)}"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         pipe = fp.pipe
         original = pipe.scheduler
         check_prediction(self.name, original, fp)

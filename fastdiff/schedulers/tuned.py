@@ -1,4 +1,4 @@
-"""Tuned timestep schedules: ``schedule(path=schedule.json)`` runs a sampler on timesteps tuned for the model.
+"""Tuned timestep schedules: ``timesteps(path=schedule.json)`` runs a sampler on timesteps tuned for the model.
 
 ``fastdiff tune-schedule MODEL --sampler dpm++2m --nfe 6 --out schedule.json`` (``fastdiff.schedulers.tuning``)
 writes the JSON; this module reads it and applies it. The file records the model it was tuned for (a hash of
@@ -38,7 +38,7 @@ Example::
 
     fp = FastPipeline(GMMPipeline(GMMDenoiser(), default_scheduler()))
     tune(fp.pipe, "dpm++2m", nfe=6, seeds=2, max_evals=100).save("/tmp/schedule.json")
-    handle = fp.accelerate("scheduler(name=dpm++2m);schedule(path=/tmp/schedule.json)")
+    handle = fp.accelerate("scheduler(name=dpm++2m);timesteps(path=/tmp/schedule.json)")
     fp(batch_size=4)  # 6 DPM++2M steps on the tuned timesteps
     handle.remove()  # back to the model's own scheduler and spacing
 """
@@ -50,6 +50,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -59,6 +60,9 @@ from fastdiff.core.hooks import Handle, HandleGroup, install_hook
 from fastdiff.core.models import PIPELINES, family_name, find_denoiser, model_prediction
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 from fastdiff.schedulers.catalog import FLOW_PRESETS, PRESETS, TUNABLE
+
+if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
 
 FORMAT = "fastdiff-schedule/1"
 # scheduler class -> how it takes custom timesteps ("timesteps": set_timesteps(timesteps=...); "arrays": see above)
@@ -313,7 +317,7 @@ class _UsedCheck(ModelHook):
         if self.context.denoiser_calls <= 1 and self.used.get("call") != self.context.call_index:
             raise AcceleratorError(
                 f"{self.name} did not act: the pipeline's scheduler was replaced after it was applied, or the "
-                "pipeline never calls set_timesteps; apply scheduler(...) before schedule(...)"
+                "pipeline never calls set_timesteps; apply scheduler(...) before timesteps(...)"
             )
         return args, kwargs
 
@@ -325,7 +329,8 @@ class Schedule(Accelerator):
 
     path: str  # required: a default instance would have nothing to apply
 
-    spec_name = "schedule"
+    spec_name = "timesteps"
+    renamed_from = ("schedule",)  # "schedule" read too much like "scheduler", a different accelerator
     kind = "sampler"
     touches = frozenset({"scheduler.timesteps", "call.num_inference_steps"})
     exclusive = frozenset({"scheduler.timesteps"})
@@ -336,7 +341,7 @@ class Schedule(Accelerator):
                 "schedule: give the JSON written by fastdiff tune-schedule, path=schedule.json"
             )
 
-    def apply(self, fp) -> Handle:
+    def apply(self, fp: FastPipeline) -> Handle:
         tuned = TunedSchedule.load(self.path)
         route = tuned.check(fp.pipe)
         steps = fp._defaults.get("num_inference_steps")

@@ -28,7 +28,7 @@ Example::
 
     pipe = GMMPipeline(GMMDenoiser(), default_scheduler())
     tuned = tune(pipe, "dpm++2m", nfe=6, seeds=2, batch=64, max_evals=200)
-    tuned.save("schedule.json")  # then fp.accelerate("scheduler(name=dpm++2m);schedule(path=schedule.json)")
+    tuned.save("schedule.json")  # then fp.accelerate("scheduler(name=dpm++2m);timesteps(path=schedule.json)")
 """
 
 from __future__ import annotations

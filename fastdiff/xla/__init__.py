@@ -1,4 +1,5 @@
-"""Inference on torch-xla devices (TPUs; the XLA CPU backend for tests): placement, the driver, metrics.
+"""Inference on torch-xla devices (TPUs; the XLA CPU backend for tests): placement and metrics (the timed
+driver behind ``fastdiff tpu-infer`` is ``fastdiff.cli.tpu_infer``).
 
 torch-xla pins its own torch (torch-xla 2.9.0 needs torch 2.9.0), so it lives in its own virtual environment
 (``make test-xla`` makes ``.venv-xla``); nothing here imports torch_xla until a device is asked for.
