@@ -228,7 +228,7 @@ HEADLINES = [
         h_scheduler,
     ),
     Headline(
-        "schedule(path)",
+        "timesteps(path)",
         "runs a sampler on timesteps tuned for one model by `fastdiff tune-schedule`",
         "tuned-schedules.md",
         ("schedules_digits",),

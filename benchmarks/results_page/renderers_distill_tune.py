@@ -199,6 +199,16 @@ SECTIONS: dict[str, Section] = {
         "starts from, measured on seed 1 in alternating rounds.",
         r_bench,
     ),
+    "onestep_g1_reg-ema": Section(
+        GROUPS[4],
+        "One-step at guidance 1 with DMD's regression loss and EMA weights",
+        '`VARIANT=reg-ema VARIANT_ARGS="--regression 0.25 --ema-decay 0.99" DMD_STEPS=900 bash '
+        "benchmarks/onestep_digits.sh ROOT 1`",
+        "DMD from the progressive 1-step student with the MSE to 256 teacher ODE samples (weight 0.25) and EMA "
+        "weights (decay 0.99), 900 updates, picked on seed 0; beside the plain DMD student, the progressive start "
+        "and the teacher, on seed 1 in alternating rounds.",
+        r_bench,
+    ),
     "onestep_memory": Section(
         GROUPS[4],
         "One DMD training step's peak memory, LoRA and full mode",
