@@ -8,7 +8,8 @@
 # alternating rounds, one thread. Training wall time and peak memory: /usr/bin/time lines in ROOT/time-*.txt
 # and the students' fastdiff_distill.json. Re-running resumes unfinished training.
 # VARIANT=NAME VARIANT_ARGS="..." adds a DMD run dmd-NAME-<tag> with those extra options from the same start
-# (e.g. VARIANT=gan VARIANT_ARGS="--gan 3e-3 --gan-d 1e-2"), benched beside the others into onestep_<tag>_NAME.json.
+# (e.g. VARIANT=gan VARIANT_ARGS="--gan 3e-3 --gan-d 1e-2"), benched beside the others into onestep_<tag>_NAME.json;
+# VARIANT_INIT=DIR starts it from another one-step student (default: the progressive one), e.g. to train on.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep}
 shift || true
@@ -38,10 +39,16 @@ for g in $GUIDANCES; do
   extra=() json="$OUT/onestep_$tag.json"
   if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT_ARGS is a list of options
-    run "dmd-$VARIANT-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$VARIANT-$tag" --init "$ROOT/progressive-$tag/steps-1" \
+    run "dmd-$VARIANT-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$VARIANT-$tag" \
+      --init "${VARIANT_INIT:-$ROOT/progressive-$tag/steps-1}" \
       --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
       ${VARIANT_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
     extra=(--config "dmd $VARIANT 1=student(path=$ROOT/dmd-$VARIANT-$tag/steps-1)") json="$OUT/onestep_${tag}_$VARIANT.json"
+    # a variant trained on from another variant is benched beside it
+    case "${VARIANT_INIT:-}" in */dmd-*-"$tag"/steps-1)
+      base=$(basename "$(dirname "$VARIANT_INIT")"); base=${base#dmd-}; base=${base%-"$tag"}
+      extra=(--config "dmd $base 1=student(path=$VARIANT_INIT)" "${extra[@]}") ;;
+    esac
   fi
   $FD bench "$TEACHER" --guidance "$g" --threads 1 --runs 3 --seed 1 --json "$json" \
     --config "teacher DDIM 50=scheduler(name=ddim,steps=50)" \
