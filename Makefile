@@ -35,7 +35,7 @@ test-full: venv
 
 # Ray Serve with two replicas, one killed under load (Ray's own start-up is most of its 1.5-2.5 minutes)
 test-ray: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ray tests/test_serving.py
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ray tests/serving/test_serving.py
 
 # benchmarks/gpu.py's whole dry run on the CPU (tiny models, fp16 and bf16; the suite runs bf16 only): run it
 # before spending a lent GPU's minutes on `sh benchmarks/gpu.sh`
@@ -68,8 +68,8 @@ $(XLA_VENV)/.installed:
 # the tpu-infer driver test runs in a process of its own: after the ~30 others, torch_xla.sync() crashed in it
 # (docs/xla.md, known problem)
 test-xla: $(XLA_VENV)/.installed
-	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "not tpu_infer_driver"
-	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/test_xla.py -k "tpu_infer_driver"
+	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/xla/test_xla.py -k "not tpu_infer_driver"
+	HF_HUB_OFFLINE=1 PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -m xla tests/xla/test_xla.py -k "tpu_infer_driver"
 
 # The wheel and sdist in dist/, checked: metadata and README rendering (twine), the wheel's file list
 # (check-wheel-contents: no duplicate files, no stray top-level modules, every package in it)

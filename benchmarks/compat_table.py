@@ -1,7 +1,7 @@
 """Run the compatibility matrix (pipeline variants x every accelerator x the habits) and print the README table.
 
 Every cell is ``fastdiff.eval.compat.check_cell`` on the zoo's test-size models, the same check that
-tests/test_coexist.py runs. Writes benchmarks/results/compat.json and prints a markdown table.
+tests/core/test_coexist.py runs. Writes benchmarks/results/compat.json and prints a markdown table.
 
     python benchmarks/compat_table.py [--variants tiny-sd,tiny-dit] [--accelerators deepcache,tome]
 """

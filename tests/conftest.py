@@ -3,7 +3,9 @@ the cores and tests run many times slower; single-threaded results are also repr
 
 Set at import (collection runs single-threaded too) and again for each test module by ``one_thread``,
 which restores the previous count afterwards, so a test that changes it cannot leak into later modules.
-Shared test helpers live in helpers.py (``from helpers import ...``).
+Shared test helpers live in helpers.py (``from helpers import ...``); the ``pipes`` fixture gives a module's tiny
+pipelines. The tests sit in folders that mirror the package (tests/cache for fastdiff/cache, ...); tests/project
+holds the repository-wide ones (docs, notebooks, wheel, import layers, GPU script).
 """
 
 import os
@@ -13,6 +15,28 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
+
+
+class TinyPipes:
+    """The test-size zoo pipelines by name, each built on first use: ``pipes["tiny-sd"]`` or ``pipes("tiny-sd")``."""
+
+    def __init__(self):
+        self.built = {}
+
+    def __getitem__(self, name: str):
+        if name not in self.built:
+            from helpers import tiny_pipe
+
+            self.built[name] = tiny_pipe(name)
+        return self.built[name]
+
+    __call__ = __getitem__
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    """One module's tiny pipelines (a module with other pipelines defines its own ``pipes``)."""
+    return TinyPipes()
 
 
 @pytest.fixture(scope="module", autouse=True)

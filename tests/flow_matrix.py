@@ -1,6 +1,6 @@
 """The flow-matching families' part of the compatibility matrix: variants, expected refusals, the cell check.
 
-Shared by tests/test_coexist_flow.py (Flux, Flux.2) and tests/test_coexist_flow_dit.py (SD3, Sana, PixArt-Sigma,
+Shared by tests/core/test_coexist_flow.py (Flux, Flux.2) and tests/core/test_coexist_flow_dit.py (SD3, Sana, PixArt-Sigma,
 Qwen-Image, Z-Image). Base models run every accelerator; their img2img/inpaint/ControlNet variants run those that
 touch the call or the sampler (the whole matrix: ``benchmarks/compat_table.py``).
 """

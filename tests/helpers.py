@@ -201,7 +201,7 @@ def assert_plausible_images(images: np.ndarray, shape: tuple[int, ...] = (1, 32,
     assert images.std() > 0.01, "a random-weight model should still give a non-constant image"
 
 
-# -- the exact Gaussian-mixture models (tests/test_gmm.py, tests/test_gmm_flow.py) ---------------------------
+# -- the exact Gaussian-mixture models (tests/zoo/test_gmm.py, tests/zoo/test_gmm_flow.py) ---------------------------
 
 
 def sample_mixture(denoiser, count: int, generator: torch.Generator) -> torch.Tensor:

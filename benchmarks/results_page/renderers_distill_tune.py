@@ -209,6 +209,15 @@ SECTIONS: dict[str, Section] = {
         "and the teacher, on seed 1 in alternating rounds.",
         r_bench,
     ),
+    "onestep_g1_reg-ema-more": Section(
+        GROUPS[4],
+        "One-step at guidance 1: 600 more updates of the regression + EMA student",
+        '`VARIANT=reg-ema-more VARIANT_INIT=ROOT/dmd-reg-ema-g1/steps-1 VARIANT_ARGS="--regression 0.25 '
+        '--ema-decay 0.99" DMD_STEPS=600 bash benchmarks/onestep_digits.sh ROOT 1`',
+        "The regression + EMA student trained on for 600 updates (picked on seed 0), beside it, plain DMD, the "
+        "progressive start and the teacher, on seed 1 in alternating rounds.",
+        r_bench,
+    ),
     "onestep_memory": Section(
         GROUPS[4],
         "One DMD training step's peak memory, LoRA and full mode",

@@ -117,6 +117,13 @@ SECTIONS: dict[str, Section] = {
         " reference: each family's setting chosen on seed 0, reported on seed 1.",
         r_video_caching,
     ),
+    "video_caching_selection": Section(
+        GROUPS[7],
+        "Caching on moving-digits: the selection run (seed 0)",
+        "`benchmarks/caching_select.py --preset moving-digits`",
+        "Every candidate setting once on selection seed 0; each family's pick is reported on seed 1 above.",
+        r_video_caching,
+    ),
     "video_teacache_magcache": Section(
         GROUPS[7],
         "TeaCache against MagCache on moving-digits, alone in one process",

@@ -66,7 +66,7 @@ class Accelerator:
     needs: ClassVar[
         tuple[str, ...]
     ] = ()  # optional packages apply imports (fastdiff.core.optional names their extra)
-    runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/test_xla.py)
+    runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/xla/test_xla.py)
     # the changed denoiser is saved and reloaded through diffusers' from_config (new widths in its config: prune)
     rebuilt_from_config: ClassVar[bool] = False
     # classes sharing a spec_name: the option whose value picks one, and its values (the first: the default)

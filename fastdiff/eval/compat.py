@@ -15,10 +15,10 @@
   from outside its wrapper (``DirectCallError``); a second FastPipeline over the sibling wraps and runs;
 - ``remove()`` leaves every module exactly as it was (``module_state``) and the output bit-identical.
 
-``fastdiff compat`` and ``benchmarks/compat_table.py`` print the matrix; ``tests/test_coexist.py`` runs it.
+``fastdiff compat`` and ``benchmarks/compat_table.py`` print the matrix; ``tests/core/test_coexist.py`` runs it.
 
 ``sweep_cell`` is the wide sweep's cheap check (every accelerator on every family, guidance on and off, batch 1, two
-steps: tests/test_compat_sweep.py): refused at ``accelerate()``, or finite calls and an exact ``remove()``.
+steps: tests/eval/test_compat_sweep.py): refused at ``accelerate()``, or finite calls and an exact ``remove()``.
 
 Example::
 
@@ -83,7 +83,7 @@ def matrix_spec(accelerator: str, pipe) -> str:
 # or a running process group: no one setting applies to every variant in one process, so their own tests cover
 # apply/remove and the refusals.
 NEEDS_ARTIFACT = {
-    "parallel": "a torch.distributed process group of worker processes (tests/test_parallel.py)",
+    "parallel": "a torch.distributed process group of worker processes (tests/parallel/test_parallel.py)",
     "lcm-lora": "a consistency LoRA distilled from this model (fastdiff distill consistency --lora)",
     "student": "a full-weight student distilled from this model (fastdiff distill progressive|consistency)",
     "timesteps": "timesteps tuned for this model (fastdiff tune-schedule)",

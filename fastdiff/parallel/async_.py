@@ -60,6 +60,8 @@ from fastdiff.parallel.async_state import MAX_RECUTS, AsyncState
 from fastdiff.parallel.group import ParallelConfig
 
 if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
+
     pass
 
 HOOK_NAME = "fastdiff.parallel-async"

@@ -20,6 +20,8 @@ from fastdiff.parallel.cfg import ParallelCfg, guidance_branches, install_branch
 from fastdiff.parallel.group import subgroups
 
 if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
+
     pass
 
 

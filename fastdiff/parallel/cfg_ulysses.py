@@ -21,6 +21,8 @@ from fastdiff.parallel.cfg import ParallelCfg, branch_count, install_branch_spli
 from fastdiff.parallel.sequence import ParallelUlysses, SequenceParallelConfig
 
 if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
+
     pass
 
 

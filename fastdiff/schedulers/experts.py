@@ -32,6 +32,8 @@ from fastdiff.core.hooks import HandleGroup, install_hook
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 if TYPE_CHECKING:
+    from fastdiff.core.pipeline import FastPipeline
+
     pass
 
 # Config entries that must agree for an expert to take the pipeline denoiser's inputs.

@@ -209,7 +209,7 @@ class Scheduler(Accelerator):
     kind = "sampler"
     touches = frozenset({"scheduler", "call.num_inference_steps"})
     exclusive = frozenset({"scheduler"})
-    # every preset but NOT_ON_XLA ran on torch-xla in tests/test_xla.py
+    # every preset but NOT_ON_XLA ran on torch-xla in tests/xla/test_xla.py
     runs_on_xla = property(lambda self: self.name not in NOT_ON_XLA)
 
     def validate(self) -> None:

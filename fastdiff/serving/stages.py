@@ -8,7 +8,7 @@ background thread of the caller. Each worker loads the pipeline and applies the 
 (routed by what they declare they touch: ``text_encoder.*`` on the text stage, everything else on the
 denoiser), and the stages use the pipeline's own pieces (``encode_prompt``, a call with ``prompt_embeds`` and
 ``output_type="latent"``, ``vae.decode`` + ``image_processor.postprocess``): the images equal those of the
-same requests run one after another through ``FastPipeline`` (tests/test_stages.py).
+same requests run one after another through ``FastPipeline`` (tests/serving/test_stages.py).
 
 - ``devices=2``: text encoder + VAE decoder on one process, denoiser on the other.
 - ``devices=3``: one process per stage.

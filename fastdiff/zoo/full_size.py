@@ -91,7 +91,7 @@ class Layout:
     name: str
     pipeline: str
     side: int
-    denoiser_params: int  # as diffusers 0.42 builds it (checked by tests/test_full_size.py)
+    denoiser_params: int  # as diffusers 0.42 builds it (checked by tests/zoo/test_full_size.py)
     source: str
 
 

@@ -27,7 +27,7 @@ from fastdiff.zoo.shipped import install_digits
 FAST = "scheduler(name=dpm++2m,steps=10)"
 UNI = "scheduler(name=unipc,steps=10)"
 TOKEN = "s3cret-token-for-tests"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn(model, port, *flags, log=None):

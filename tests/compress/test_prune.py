@@ -135,7 +135,7 @@ def test_tracing_one_small_sample_prunes_exactly_what_the_captured_batch_prunes(
     assert all(torch.equal(pruned["small"][k], pruned["captured"][k]) for k in pruned["small"])
 
 
-def test_prune_refuses_bad_options():  # DiTs: tests/test_prune_dit.py
+def test_prune_refuses_bad_options():  # DiTs: tests/compress/test_prune_dit.py
     fp = make_fp("tiny-dit")
     with pytest.raises(AcceleratorError, match=r"ratio must be a number in \(0, 1\), got 1.0"):
         fp.accelerate("prune(ratio=1.0)")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 from helpers import call, make_fp
-from helpers import psnr as _psnr
+from helpers import psnr as helpers_psnr
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.compress.quantize import load_quantized, quantizable_linears, save_quantized
@@ -15,8 +17,7 @@ from fastdiff.core.models import UnsupportedModelError
 pytest.importorskip("torchao")
 
 
-def psnr(a, b) -> float:
-    return _psnr(a, b, float64=True)
+psnr = functools.partial(helpers_psnr, float64=True)
 
 
 @pytest.mark.parametrize("mode", ["int8-dynamic", "int8-weight"])

@@ -1,9 +1,9 @@
 """Every accelerator on a CUDA GPU (tiny models in fp16), and the full-size zoo models finite in fp16 and bf16.
 
-Marked ``gpu`` and skipped without CUDA: run them on a GPU machine with ``pytest -m gpu tests/test_gpu.py``
+Marked ``gpu`` and skipped without CUDA: run them on a GPU machine with ``pytest -m gpu tests/project/test_gpu.py``
 (docs/gpu.md says what to carry there). Each accelerator is applied to a tiny pipeline on the GPU, must give
 finite images of the right shape or be refused with an error naming it (the same refusals as the CPU matrix in
-tests/test_coexist.py), and after ``remove()`` the pipeline gives its plain images again.
+tests/core/test_coexist.py), and after ``remove()`` the pipeline gives its plain images again.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_indicator_is_the_input_the_first_attention_receives(name):
 
 @pytest.mark.parametrize(
     "name", [n for n in WITH_FACTS if n != "tiny-flux"]
-)  # Flux: tests/test_coexist_flow.py
+)  # Flux: tests/core/test_coexist_flow.py
 def test_teacache_skips_blocks_and_removes_exactly(name):
     pipe = make_pipeline(name)
     pipe.set_progress_bar_config(disable=True)

@@ -249,7 +249,7 @@ def test_library_messages_survive():
     assert info.value.code == 2
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_no_traceback_reaches_the_terminal():

@@ -6,7 +6,7 @@ restores the modules and the plain output; anything else fails, so an accelerato
 mid-call, or crashes at apply with another error, cannot come back. The accelerators that need an artifact or a
 process group are checked at apply (without one they are refused). ``make test`` runs every other accelerator on
 every family but the weight changers and ``compile``, which are ``full`` rows (what they change does not depend on
-guidance, and tests/test_coexist*.py and tests/test_video.py run them under every habit in ``make test``).
+guidance, and tests/test_coexist*.py and tests/core/test_video.py run them under every habit in ``make test``).
 Also here: regressions of the matrix (Z-Image's per-image batch lists under cfg-interval, lowrank on pipelines that
 record no default size).
 """

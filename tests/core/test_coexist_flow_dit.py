@@ -28,7 +28,7 @@ def test_cell(variant, accelerator):
     check(variant, accelerator)
 
 
-@pytest.mark.full  # `make test` runs the Flux inpaint variant (tests/test_coexist_flow.py)
+@pytest.mark.full  # `make test` runs the Flux inpaint variant (tests/core/test_coexist_flow.py)
 @pytest.mark.parametrize("accelerator", VARIANT_ACCELERATORS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_cell(variant, accelerator):

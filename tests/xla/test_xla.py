@@ -3,7 +3,7 @@
 Run by ``make test-xla`` (it makes ``.venv-xla``: torch 2.9.0 + torch-xla 2.9.0, which cannot live beside the
 project's torch 2.13)::
 
-    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -m xla tests/test_xla.py
+    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -m xla tests/xla/test_xla.py
 
 In the normal ``.venv`` there is no torch-xla and the whole module is skipped.
 

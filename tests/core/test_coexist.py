@@ -45,19 +45,6 @@ CELLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pipes():
-    cache = {}
-
-    def get(variant):
-        if variant not in cache:
-            cache[variant] = make_pipeline(variant)
-            cache[variant].set_progress_bar_config(disable=True)
-        return cache[variant]
-
-    return get
-
-
 def test_matrix_covers_every_accelerator():
     assert set(MATRIX_SPECS) | set(NEEDS_ARTIFACT) == set(available())
     assert not set(MATRIX_SPECS) & set(NEEDS_ARTIFACT)

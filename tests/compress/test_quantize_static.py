@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import helpers
@@ -25,8 +26,7 @@ def call(fp: FastPipeline, batch: int = 2):
     return helpers.call(fp, batch_size=batch)
 
 
-def psnr(a, b) -> float:
-    return helpers.psnr(a, b, float64=True)
+psnr = functools.partial(helpers.psnr, float64=True)
 
 
 SPEC = "quantize(mode=int8-static,calibration_batch=2,calibration_steps=3)"

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # measured at CI size on the 2-core machine: > 20 s is marked slow; the sweeps (40-45 s each) run in
 # `make test-full`, the quick start and the results page in `make test`
 SLOW = {"01_quickstart", "02_sampler_sweep", "03_accelerator_sweep", "04_autotune"}

@@ -7,17 +7,12 @@ import functools
 import numpy as np
 import pytest
 import torch
-from helpers import call, tiny_pipe
+from helpers import call
 
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.zoo.tiny import make_pipeline
-
-
-@pytest.fixture(scope="module")
-def pipes():
-    return {name: tiny_pipe(name) for name in ("tiny-sd", "tiny-sdxl")}
 
 
 @pytest.fixture

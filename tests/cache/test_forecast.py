@@ -24,11 +24,6 @@ from fastdiff.zoo.tiny import make_pipeline
 STEPS = 20
 
 
-@pytest.fixture(scope="module")
-def pipes():
-    return {name: tiny_pipe(name) for name in ("tiny-sd", "tiny-dit")}
-
-
 @pytest.fixture(params=["tiny-sd", "tiny-dit"])
 def fp(request, pipes):
     wrapped = FastPipeline(pipes[request.param])

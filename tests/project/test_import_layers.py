@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fastdiff"
+PACKAGE = Path(__file__).resolve().parents[2] / "fastdiff"
 
 # top-level subpackage ("" is fastdiff/__init__.py itself) -> layer; a module imports only its layer or lower
 LAYERS = {
