@@ -42,7 +42,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import attention_layers
-from fastdiff.core.branch_state import BranchState
+from fastdiff.core.branch_state import BranchStore
 from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.options import option
@@ -82,9 +82,6 @@ def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
         points = points[1:]
 
 
-OUTPUTS = "outputs"  # the store of the full evaluations' outputs
-
-
 class ForecastHook(ModelHook):
     """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
 
@@ -94,12 +91,12 @@ class ForecastHook(ModelHook):
         super().__init__()
         self.context, self.order, self.interval, self.warmup = context, order, interval, warmup
         self.first_gap = interval if first_gap is None else first_gap  # last warm-up step to the next full
-        self.saved = BranchState(keep=order + 1)  # per branch: the last full outputs [(step, chunks)]
+        self.outputs = BranchStore(keep=order + 1)  # per branch: the last full outputs [(step, chunks)]
         self.template = None  # output structure of the last full evaluation (per-image lists stacked)
         self.layout = None  # that output as the denoiser returned it
 
     def reset_state(self, module):
-        self.saved.clear()
+        self.outputs = BranchStore(keep=self.order + 1)
         self.template = None
         return module
 
@@ -121,7 +118,7 @@ class ForecastHook(ModelHook):
         if step < self.warmup or self.template is None:
             return False
         for branch in branches:
-            points = self.saved.store(OUTPUTS).points(branch)
+            points = self.outputs.points(branch)
             if not points:
                 return False
             last = points[-1][0]
@@ -135,7 +132,7 @@ class ForecastHook(ModelHook):
     def _predict(self, step: int, branches: tuple[str, ...]):
         per_branch = []
         for branch in branches:
-            points, weights = _stable_fit(self.saved.store(OUTPUTS).points(branch), step)
+            points, weights = _stable_fit(self.outputs.points(branch), step)
             chunks = [
                 sum(w * values[k] for w, (_, values) in zip(weights, points))
                 for k in range(len(points[-1][1]))
@@ -151,7 +148,7 @@ class ForecastHook(ModelHook):
         self.template = output
         # Drops the step itself (a repeated call) and points too old for this schedule (after a gap).
         oldest = step - self.order * self.interval
-        self.saved.store(OUTPUTS).put(branches, step, tensors, since=oldest, copy=True)
+        self.outputs.put(branches, step, tensors, since=oldest, copy=True)
 
 
 @register
