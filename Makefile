@@ -11,6 +11,8 @@ BIN := $(VENV)/bin
 $(BIN)/fastdiff: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: pip takes the CPU build on this machine's disk instead of pulling a multi-GB CUDA build
+	$(BIN)/pip install -q --no-compile torch==2.13.0
 	$(BIN)/pip install -q --no-compile -e ".[dev,bench,compress,serve]"
 	touch $(BIN)/fastdiff
 

@@ -44,6 +44,7 @@ from fastdiff.cache.blockcache_teacache import TeaHead, load_rescaling, modulati
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.core.branch_state import BranchState, BranchStore
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
@@ -80,10 +81,8 @@ class _State:
         return self.saved.store(key)
 
 
-class _Controller(ModelHook):
+class _Controller(StatefulHook):
     """On the transformer: clears state per call; in interval mode decides whether this evaluation reuses."""
-
-    _is_stateful = True
 
     def __init__(self, state: _State):
         super().__init__()

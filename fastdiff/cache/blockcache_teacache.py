@@ -29,6 +29,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
 from fastdiff.core.denoisers import MODULATION
+from fastdiff.core.diffusers_compat import block_argument
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.registry import AcceleratorError
 
@@ -50,7 +51,7 @@ def modulation_of(block) -> tuple[str, ...]:
 
 def modulated_input(block, io, args, kwargs) -> torch.Tensor:
     norm_name, emb_name, *table = modulation_of(block)
-    emb = io._get_parameter_from_args_kwargs(emb_name, args, kwargs)
+    emb = block_argument(io, emb_name, args, kwargs)
     hidden = hidden_in(io, args, kwargs)
     if not table:
         return getattr(block, norm_name)(hidden, emb=emb)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from fastdiff.core.denoisers import REUSABLE_LAYERS, denoiser_facts
+from fastdiff.core.diffusers_compat import block_argument
 from fastdiff.core.models import UnsupportedModelError
 
 
@@ -20,7 +21,7 @@ def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def hidden_in(io, args, kwargs) -> torch.Tensor:
-    return io._get_parameter_from_args_kwargs(io.hidden_states_argument_name, args, kwargs)
+    return block_argument(io, io.hidden_states_argument_name, args, kwargs)
 
 
 def hidden_out(io, output) -> torch.Tensor:
@@ -41,7 +42,7 @@ def passed_through(io, args, kwargs):
     hidden = hidden_in(io, args, kwargs)
     if io.return_encoder_hidden_states_index is None:
         return hidden
-    encoder = io._get_parameter_from_args_kwargs(io.encoder_hidden_states_argument_name, args, kwargs)
+    encoder = block_argument(io, io.encoder_hidden_states_argument_name, args, kwargs)
     parts = [None] * (max(io.return_hidden_states_index, io.return_encoder_hidden_states_index) + 1)
     parts[io.return_hidden_states_index] = hidden
     parts[io.return_encoder_hidden_states_index] = encoder

@@ -34,6 +34,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import Handle, install_hooks
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
@@ -200,6 +201,8 @@ class _State:
         )
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
+        # (key, batch) -> placeholder, made once per call
+        self.placeholders: dict[tuple[str, int], object] = {}
         self.saved = BranchState()  # the source's output per guidance branch
 
 
@@ -222,17 +225,15 @@ def _placeholder(template, batch: int):
     return template
 
 
-class _Controller(ModelHook):
+class _Controller(StatefulHook):
     """On the UNet: clears state per call and decides whether this evaluation reuses the cache."""
-
-    _is_stateful = True
 
     def __init__(self, context, state: _State):
         super().__init__()
         self.context, self.state = context, state
 
     def reset_state(self, module):
-        self.state.templates, self.state.steps = {}, None
+        self.state.templates, self.state.placeholders, self.state.steps = {}, {}, None
         self.state.saved.clear()
         return module
 
@@ -262,9 +263,15 @@ class _Skip(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         st = self.state
         if st.reuse:
-            return _placeholder(st.templates[self.key], st.batch)
+            made = st.placeholders.get((self.key, st.batch))
+            if made is None:  # zero-channel tensors hold no data: one per call and batch serves every step
+                made = st.placeholders[self.key, st.batch] = _placeholder(st.templates[self.key], st.batch)
+            return made
         output = self.fn_ref.original_forward(*args, **kwargs)
-        st.templates[self.key] = _template(output)
+        template = _template(output)
+        if st.templates.get(self.key) != template:
+            st.templates[self.key] = template
+            st.placeholders = {k: v for k, v in st.placeholders.items() if k[0] != self.key}
         return output
 
 

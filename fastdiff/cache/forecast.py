@@ -39,10 +39,10 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockio import attention_layers
 from fastdiff.core.branch_state import BranchStore
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import Handle, install_hook, install_hooks
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.options import option
@@ -82,10 +82,8 @@ def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
         points = points[1:]
 
 
-class ForecastHook(ModelHook):
+class ForecastHook(StatefulHook):
     """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
-
-    _is_stateful = True
 
     def __init__(self, context, order: int, interval: int, warmup: int, first_gap: int | None = None):
         super().__init__()

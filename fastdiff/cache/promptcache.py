@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.diffusers_compat import hook_registry
 from fastdiff.core.hooks import Handle, HandleGroup, install_hooks
 from fastdiff.core.models import TEXT_ENCODER_ATTRS, UnsupportedModelError
 from fastdiff.core.options import option
@@ -100,7 +101,7 @@ def _module_state(module: torch.nn.Module) -> tuple:
         if m is module:  # hooks on the encoder itself run on hits too (outside the cached forward)
             continue
         hooks = tuple(map(id, m._forward_pre_hooks.values())) + tuple(map(id, m._forward_hooks.values()))
-        registry = getattr(m, "_diffusers_hook", None)
+        registry = hook_registry(m)
         if registry is not None:
             hooks += tuple(id(h) for n, h in registry.hooks.items() if not n.startswith(HOOK_NAME))
         elif "forward" in m.__dict__:

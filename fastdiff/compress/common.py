@@ -19,6 +19,7 @@ import logging
 import torch
 from torch import nn
 
+from fastdiff.core.diffusers_compat import hook_registry
 from fastdiff.core.hooks import Handle
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.train.inputs import denoiser_output, noised_inputs
@@ -58,7 +59,7 @@ def sized_handle(restore, module: nn.Module, inputs: dict, before: tuple[int, in
 def refuse_hooked_blocks(den, accelerator: str) -> None:
     """AcceleratorError if another accelerator hooks the denoiser's submodules (they would be replaced)."""
     for name, m in den.named_modules():
-        registry = getattr(m, "_diffusers_hook", None)
+        registry = hook_registry(m)
         if m is not den and registry is not None and registry.hooks:
             raise AcceleratorError(
                 f"{accelerator}: {name} is hooked by {', '.join(registry.hooks)}; apply {accelerator} first "

@@ -28,16 +28,12 @@ from diffusers.hooks import ModelHook
 from torch.utils._pytree import tree_map_only
 
 from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.diffusers_compat import has_hooks
 from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.registry import Accelerator, AcceleratorError, register
 
 if TYPE_CHECKING:
     from fastdiff.core.pipeline import FastPipeline
-
-
-def _has_hooks(module: torch.nn.Module) -> bool:
-    registry = getattr(module, "_diffusers_hook", None)
-    return registry is not None and bool(registry.hooks)
 
 
 def compile_units(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -47,7 +43,7 @@ def compile_units(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     forwards are traced through one shared wrapper whose recompile limit (8) many of them would exhaust.
     """
     containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
-    if not isinstance(module, containers) and not any(_has_hooks(m) for m in module.modules()):
+    if not isinstance(module, containers) and not any(has_hooks(m) for m in module.modules()):
         torch_leaf = type(module).__module__.startswith("torch.")
         return [] if torch_leaf or not any(True for _ in module.parameters()) else [("", module)]
     return [

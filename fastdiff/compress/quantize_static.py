@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from diffusers.hooks import ModelHook
 
+from fastdiff.core.diffusers_compat import has_hooks
 from fastdiff.core.hooks import HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.registry import AcceleratorError
 
@@ -212,11 +213,7 @@ class _StaticHook(ModelHook):
     def new_forward(self, module, *args, **kwargs):
         if self.inner is None:  # the block's submodules, listed once (their hook registries can appear later)
             self.inner = [(n, m) for n, m in module.named_modules() if n]
-        hooked = [
-            n
-            for n, m in self.inner
-            if getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.hooks
-        ]
+        hooked = [n for n, m in self.inner if has_hooks(m)]
         if hooked:
             raise AcceleratorError(
                 f"quantize(mode=int8-static) runs {self.name} as an exported int8 graph, which would bypass the "

@@ -31,6 +31,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import Handle, HandleGroup, all_or_nothing, install_hook
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
@@ -134,10 +135,8 @@ class _State:
         return MergePlan(tokens, h, w, c.sx, c.sy, r, generator) if r > 0 else None
 
 
-class _SizeHook(ModelHook):
+class _SizeHook(StatefulHook):
     """On the denoiser: the token grid of this call (latent size over the patch size); reseeds the dst choice."""
-
-    _is_stateful = True
 
     def __init__(self, state: _State):
         super().__init__()

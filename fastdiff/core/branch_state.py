@@ -23,54 +23,74 @@ import torch
 Value = torch.Tensor | list[torch.Tensor]  # a batch-first tensor, or a list of them (a module's outputs)
 
 
-def _split(value: Value, parts: int, copy: bool) -> list[Value]:
-    def chunks(t: torch.Tensor) -> list[torch.Tensor]:
-        size = t.shape[0] // parts
-        pieces = [t[i * size : (i + 1) * size] for i in range(parts)]
-        return [p.detach().clone() for p in pieces] if copy else pieces
+def _chunk(value: Value, index: int, parts: int) -> Value:
+    """Chunk ``index`` of ``parts`` equal chunks of a batch (a view)."""
 
-    parts_of: list[Value] = []
-    if isinstance(value, torch.Tensor):
-        parts_of.extend(chunks(value))
-    else:
-        parts_of.extend(list(per_branch) for per_branch in zip(*(chunks(t) for t in value)))
-    return parts_of
+    def piece(t: torch.Tensor) -> torch.Tensor:
+        size = t.shape[0] // parts
+        return t[index * size : (index + 1) * size]
+
+    return piece(value) if isinstance(value, torch.Tensor) else [piece(t) for t in value]
 
 
 def _batch(value: Value) -> int:
     return (value if isinstance(value, torch.Tensor) else value[0]).shape[0]
 
 
+class _Part:
+    """One branch's chunk of a stored batch, sliced only when read (most reads take the whole batch back)."""
+
+    __slots__ = ("whole", "index", "parts")
+
+    def __init__(self, whole: Value, index: int, parts: int):
+        self.whole, self.index, self.parts = whole, index, parts
+
+    @property
+    def value(self) -> Value:
+        return self.whole if self.parts == 1 else _chunk(self.whole, self.index, self.parts)
+
+    @property
+    def batch(self) -> int:
+        return _batch(self.whole) // self.parts
+
+
 class BranchStore:
     """Values stored per guidance branch, each with the step it was made at; the last ``keep`` per branch.
 
-    ``put`` splits a batch into its branches' chunks; ``get`` joins the latest chunks of the branches asked for, in
+    ``put`` stores a batch of its branches' chunks; ``get`` joins the latest chunks of the branches asked for, in
     that order (no copy when they are the last ``put``'s whole batch); ``points`` is one branch's history, oldest
     first."""
 
     def __init__(self, keep: int = 1):
         self.keep = keep
-        self._points: dict[str, list[tuple[int, Value]]] = {}
+        self._points: dict[str, list[tuple[int, _Part]]] = {}
         self._whole: tuple[tuple[str, ...], int, Value] | None = None
 
     def put(
         self, branches: tuple[str, ...], step: int, value: Value, since: int | None = None, copy: bool = False
     ) -> None:
         """Store ``value`` (its batch holds ``branches`` in order) at ``step``, replacing a value of the same or a
-        later step (a repeated call) and dropping points older than ``since``; ``copy``: keep detached copies."""
-        self._whole = None if copy else (branches, step, value)
-        for branch, part in zip(branches, _split(value, len(branches), copy)):
+        later step (a repeated call) and dropping points older than ``since``; ``copy``: keep a detached copy."""
+        if copy:
+            value = (
+                value.detach().clone()
+                if isinstance(value, torch.Tensor)
+                else [t.detach().clone() for t in value]
+            )
+        self._whole = (branches, step, value)
+        parts = len(branches)
+        for index, branch in enumerate(branches):
             kept = [
                 p for p in self._points.get(branch, ()) if p[0] < step and (since is None or p[0] >= since)
             ]
-            kept.append((step, part))
+            kept.append((step, _Part(value, index, parts)))
             self._points[branch] = kept[-self.keep :]
 
     def has(self, branches: tuple[str, ...], since: int = 0, chunk: int | None = None) -> bool:
         """Every branch has a value from step ``since`` on (with ``chunk`` images, if given)."""
         for branch in branches:
             points = self._points.get(branch)
-            if not points or points[-1][0] < since or (chunk is not None and _batch(points[-1][1]) != chunk):
+            if not points or points[-1][0] < since or (chunk is not None and points[-1][1].batch != chunk):
                 return False
         return True
 
@@ -78,14 +98,14 @@ class BranchStore:
         """The latest values of ``branches``, joined along the batch in that order."""
         if self._whole is not None and self._whole[0] == branches:
             return self._whole[2]
-        latest = [self._points[b][-1][1] for b in branches]
+        latest = [self._points[b][-1][1].value for b in branches]
         tensors = [v for v in latest if isinstance(v, torch.Tensor)]
         if len(tensors) == len(latest):
-            return torch.cat(tensors)
+            return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
         return [torch.cat(parts) for parts in zip(*latest)]
 
     def points(self, branch: str) -> list[tuple[int, Value]]:
-        return self._points.get(branch, [])
+        return [(step, part.value) for step, part in self._points.get(branch, [])]
 
 
 class BranchState:

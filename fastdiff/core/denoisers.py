@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 from dataclasses import dataclass
 
+from fastdiff.core.diffusers_compat import block_metadata_registry
 from fastdiff.core.models import UnsupportedModelError
 
 
@@ -189,7 +190,7 @@ def block_io(block):
 
     diffusers keeps these for the blocks its own caches support; blocks it lacks are described here.
     """
-    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+    TransformerBlockMetadata, TransformerBlockRegistry = block_metadata_registry()
 
     try:
         io = TransformerBlockRegistry.get(type(block))

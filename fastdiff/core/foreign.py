@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from fastdiff.core.diffusers_compat import hook_registry
 from fastdiff.core.models import find_denoiser
 
 
@@ -18,7 +19,7 @@ def foreign_forward(module) -> bool:
     forward = module.__dict__.get("forward")
     if forward is None:
         return False
-    if getattr(module, "_diffusers_hook", None) is not None and isinstance(forward, functools.partial):
+    if hook_registry(module) is not None and isinstance(forward, functools.partial):
         return False
     return not (getattr(forward, "__func__", None) is type(module).forward and forward.__self__ is module)
 
@@ -34,7 +35,7 @@ def adapter_layout(module) -> tuple:
 
 def _diffusers_cache_hooks(module) -> list[str]:
     """Names of diffusers' own caching hooks (pyramid attention broadcast, FasterCache, first-block cache ...)."""
-    registry = getattr(module, "_diffusers_hook", None)
+    registry = hook_registry(module)
     if registry is None:
         return []
     found = []

@@ -37,6 +37,16 @@ from typing import Any
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
+from fastdiff.core.diffusers_compat import (
+    drop_registry,
+    hook_names,
+    hook_registry,
+    is_hook_chain,
+    is_stateful,
+    registry_module,
+    set_stateful,
+)
+
 
 class DirectCallError(RuntimeError):
     """An accelerator refuses a call of the wrapped diffusers pipeline that bypasses the FastPipeline."""
@@ -86,7 +96,7 @@ class GatedHook(ModelHook):
     def __init__(self, hook: ModelHook, context):
         self.__dict__.update(hook=hook, context=context, _fn_ref=None)
         super().__init__()
-        self._is_stateful = hook._is_stateful
+        set_stateful(self, is_stateful(hook))  # diffusers resets stateful hooks through this flag
         self._new = getattr(hook, "new_forward", None)
 
     @property
@@ -172,8 +182,8 @@ def strip_copied_hooks(root: torch.nn.Module) -> list[str]:
     so they never act but sit in the chain and can stop other hooks acting); return ``"module: hook"`` for each."""
     stripped = []
     for path, module in root.named_modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        for name in list(registry._hook_order) if registry is not None else []:
+        registry = hook_registry(module)
+        for name in hook_names(registry) if registry is not None else []:
             hook = registry.hooks[name]  # type: ignore[union-attr]  # not None inside this loop
             if isinstance(hook, GatedHook) and hook.context.is_copy:
                 _remove(module, name)
@@ -193,7 +203,7 @@ def tracked_registry(module: torch.nn.Module) -> HookRegistry:
     registry if we made it (diffusers' cache_context makes an empty one on Flux-style transformers), and the
     instance forward its hooks leave behind. For hooks that diffusers registers on our behalf (its context
     parallelism): call this first, take them off with ``remove_hook``."""
-    fresh = getattr(module, "_diffusers_hook", None) is None
+    fresh = hook_registry(module) is None
     had_forward = "forward" in module.__dict__
     registry = HookRegistry.check_if_exists_or_initialize(module)
     if not registry.hooks and not hasattr(registry, "_fastdiff_created"):
@@ -212,16 +222,16 @@ def reset_call_state(module: torch.nn.Module) -> None:
     diffusers' hook lifecycle (``reset_state``). Other tools' hooks keep their state: diffusers' cache hooks hold
     the cache context their user set before the call (diffusers resets them itself at the call's end)."""
     for sub in module.modules():
-        registry = getattr(sub, "_diffusers_hook", None)
+        registry = hook_registry(sub)
         for hook in [] if registry is None else list(registry.hooks.values()):
-            if isinstance(hook, GatedHook) and hook._is_stateful:
+            if isinstance(hook, GatedHook) and is_stateful(hook):
                 hook.reset_state(sub)
 
 
 def base_names(module: torch.nn.Module) -> list[str]:
     """Names of the hooks on ``module`` without their per-pipeline suffix."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return [] if registry is None else [n.split("@")[0] for n in registry._hook_order]
+    registry = hook_registry(module)
+    return [] if registry is None else [n.split("@")[0] for n in hook_names(registry)]
 
 
 def has_hook(module: torch.nn.Module, name: str) -> bool:
@@ -229,13 +239,14 @@ def has_hook(module: torch.nn.Module, name: str) -> bool:
 
 
 def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
-    registry = getattr(module, "_diffusers_hook", None)
+    registry = hook_registry(module)
     if registry is None or registry.get_hook(name) is None:
         return
     current = module.__dict__.get("forward")
-    replaced = current is not None and not _is_chain(current, module)  # another tool wrapped us since
+    replaced = current is not None and not is_hook_chain(current, module)  # another tool wrapped us since
     # diffusers' remove_hook on a middle hook overwrites the next hook's new_forward; peel from the outside.
-    outer = registry._hook_order[registry._hook_order.index(name) + 1 :]
+    order = hook_names(registry)
+    outer = order[order.index(name) + 1 :]
     peeled = [(n, registry.hooks[n]) for n in outer]
     for n in reversed(outer):
         registry.remove_hook(n, recurse=False)
@@ -247,7 +258,7 @@ def _remove(module: torch.nn.Module, name: str, tidy: bool = True) -> None:
     if tidy and not registry.hooks and hasattr(registry, "_fastdiff_created"):
         created, had_forward = registry.__dict__.pop("_fastdiff_created")
         if created:
-            del module._diffusers_hook
+            drop_registry(module)
         if not had_forward and not replaced:
             module.__dict__.pop("forward", None)
 
@@ -259,13 +270,13 @@ def reattach(module: torch.nn.Module) -> bool:
     installed before fastdiff, then disabled) leaves the chain detached around a stale function; the hooks are
     re-registered on the forward the module has now. A forward still wrapped by another tool is left alone.
     """
-    registry = getattr(module, "_diffusers_hook", None)
+    registry = hook_registry(module)
     current = module.__dict__.get("forward")
-    if registry is None or not registry.hooks or current is None or _is_chain(current, module):
+    if registry is None or not registry.hooks or current is None or is_hook_chain(current, module):
         return False
     if getattr(current, "__func__", None) is not type(module).forward:
         return False  # another tool's wrapper is in place
-    hooks = [(n, registry.hooks[n]) for n in registry._hook_order]
+    hooks = [(n, registry.hooks[n]) for n in hook_names(registry)]
     for n, _ in reversed(hooks):
         registry.remove_hook(n, recurse=False)
     module.forward = current
@@ -274,18 +285,12 @@ def reattach(module: torch.nn.Module) -> bool:
     return True
 
 
-def _is_chain(forward, module) -> bool:
-    """Whether ``forward`` is the head of a diffusers hook chain on ``module``."""
-    func = getattr(forward, "func", None)
-    return "create_new_forward" in getattr(func, "__qualname__", "") and forward.args[:1] == (module,)
-
-
 def _keep_outermost_last(registry: HookRegistry) -> None:
-    order = list(registry._hook_order)
+    order = hook_names(registry)
     outer = [n for n in order if getattr(registry.hooks[n], "outermost", False)]
     if outer and order[-len(outer) :] != outer:
         hooks = [registry.hooks[n] for n in outer]
         for n in outer:
-            _remove(registry._module_ref, n, tidy=False)
+            _remove(registry_module(registry), n, tidy=False)
         for n, hook in zip(outer, hooks):
             registry.register_hook(hook, n)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fastdiff.core.diffusers_compat import REGISTRY_ATTRIBUTE, hook_names
 from fastdiff.core.hooks import DirectCallError
 from fastdiff.core.inputs import default_side, make_inputs, model_call
 from fastdiff.core.models import UnsupportedModelError, cfg_enabled, pipeline_facts, separate_cfg
@@ -136,10 +137,10 @@ def module_state(pipe) -> dict:
                 elif key == "_modules":
                     entry[key] = {n: id(m) for n, m in value.items()}
                 elif (
-                    key == "_diffusers_hook"
+                    key == REGISTRY_ATTRIBUTE
                 ):  # hook names; the chained forward is rebuilt as hooks come and go
-                    entry[key] = ("hooks", tuple(value._hook_order))
-                elif key == "forward" and "_diffusers_hook" in module.__dict__:
+                    entry[key] = ("hooks", tuple(hook_names(value)))
+                elif key == "forward" and REGISTRY_ATTRIBUTE in module.__dict__:
                     entry[key] = ("hook chain",)
                 else:
                     entry[key] = _describe(value)

@@ -50,6 +50,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import HandleGroup, install_hooks
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
@@ -180,11 +181,9 @@ class BlockReadHook(ModelHook):
         return args, kwargs
 
 
-class AsyncDenoiserHook(ModelHook):
+class AsyncDenoiserHook(StatefulHook):
     """On the denoiser: exchange the stages' activations before the call, share the prediction after it.
     Stateful: diffusers' hook reset at the start of every call clears the state's per-call part."""
-
-    _is_stateful = True
 
     def __init__(self, state: AsyncState):
         super().__init__()

@@ -13,8 +13,8 @@ fails the call), so the output equals one process's. The first step runs both ca
 from __future__ import annotations
 
 import torch
-from diffusers.hooks import ModelHook
 
+from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.registry import AcceleratorError
 from fastdiff.core.tensors import tensors_of, with_tensors
 from fastdiff.parallel.group import gather
@@ -42,10 +42,8 @@ def entries(args: tuple, kwargs: dict) -> dict:
     return {**dict(enumerate(args)), **kwargs}
 
 
-class SeparateBranchHook(ModelHook):
+class SeparateBranchHook(StatefulHook):
     """On the denoiser: this rank's branch at a step's first call, the other branches from its peers."""
-
-    _is_stateful = True
 
     def __init__(self, context, world: int, rank: int, group=None):
         super().__init__()

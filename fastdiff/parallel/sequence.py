@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from fastdiff.core.denoisers import DENOISERS
+from fastdiff.core.diffusers_compat import context_parallel_hooked
 from fastdiff.core.hooks import Handle, remove_hook, tracked_registry
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.options import option
@@ -68,11 +69,6 @@ class SequenceParallelConfig(ParallelConfig):
         """diffusers' context parallelism on ``fp``'s denoiser, with ``options`` for ``ContextParallelConfig``
         beside this mode's own (``mesh=``: the ranks that share the sequence, when they are not the world)."""
         from diffusers import ContextParallelConfig
-        from diffusers.hooks.context_parallel import (
-            _CONTEXT_PARALLEL_INPUT_HOOK_TEMPLATE,
-            _CONTEXT_PARALLEL_OUTPUT_HOOK_TEMPLATE,
-            _get_submodule_by_name,
-        )
 
         where, denoiser = f"parallel(mode={self.mode})", fp.denoiser  # type: ignore[attr-defined]
         name = type(denoiser).__name__
@@ -94,11 +90,7 @@ class SequenceParallelConfig(ParallelConfig):
         for backend in backends:
             self.check_backend(str(getattr(backend, "value", backend)), where)
         self.group_rank()
-        hooked = {
-            m: (_CONTEXT_PARALLEL_INPUT_HOOK_TEMPLATE if isinstance(p, dict) else _CONTEXT_PARALLEL_OUTPUT_HOOK_TEMPLATE).format(k)
-            for k, p in plan.items()
-            for m in _as_list(_get_submodule_by_name(denoiser, k))
-        }  # fmt: skip
+        hooked = context_parallel_hooked(denoiser, plan)
         saved = [(p, p.__dict__.get("_parallel_config", _MISSING)) for p in processors]
         for module in hooked:
             tracked_registry(module)
@@ -188,7 +180,3 @@ def _undo(denoiser, hooked: dict, saved: list) -> None:
         else:
             processor._parallel_config = value
     denoiser.__dict__.pop("_parallel_config", None)
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
