@@ -46,7 +46,7 @@ def machine_mib() -> float:
 
 
 class SyntheticBatches:
-    """What ``dmd_loss_fn`` reads from ``fastdiff.distill.common.Batches``: random conditioning of the real shapes."""
+    """What ``dmd_loss_fn`` reads from ``fastdiff.train.data.Batches``: random conditioning of the real shapes."""
 
     def __init__(self, key: str, shape: tuple, cond: dict, size: int = 1):
         self.key, self.shape, self.size, self._cond = key, shape, size, cond

@@ -238,9 +238,9 @@ class _Controller(StatefulHook):
         return module
 
     def pre_forward(self, module, *args, **kwargs):
-        ctx, st, cfg = self.context, self.state, self.state.config
+        ctx, st, config = self.context, self.state, self.state.config
         if st.steps is None:  # the call's step count is known from its first evaluation on
-            st.steps = full_steps(ctx.num_steps, cfg.interval, cfg.schedule, cfg.warmup)
+            st.steps = full_steps(ctx.num_steps, config.interval, config.schedule, config.warmup)
         sample = args[0] if args else kwargs["sample"]
         st.batch, st.branches = sample.shape[0], ctx.branches
         last_full = max((s for s in st.steps if s <= ctx.step), default=0)

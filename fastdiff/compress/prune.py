@@ -162,11 +162,11 @@ def _forward(model, inputs):
     return type(model).forward(model, **inputs, return_dict=False)[0]
 
 
-def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
+def _prune_unet(den, inputs: dict, config: Prune, fp) -> dict:
     import torch_pruning as tp
     from diffusers.models.attention_processor import Attention
 
-    ratio = cfg.ratio - 1e-9  # so that int(n * (1 - ratio)) is not lost to rounding (10 * 0.1 = 0.999..)
+    ratio = config.ratio - 1e-9  # so that int(n * (1 - ratio)) is not lost to rounding (10 * 0.1 = 0.999..)
     keep = 1 - ratio
     old_c0 = den.conv_in.out_channels
     temb_dim = den.time_embedding.linear_2.out_features
@@ -188,7 +188,7 @@ def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
             kept = int(width * keep) if whole_groups else groups * int(width // groups * keep)
             removed = a.heads - kept // head_dims[a]
             head_ratios[a] = max(removed - 0.5, 0) / a.heads  # torch-pruning removes ceil(ratio * heads)
-    base = tp.importance.GroupTaylorImportance() if cfg.importance == "taylor" else None
+    base = tp.importance.GroupTaylorImportance() if config.importance == "taylor" else None
     base = base or tp.importance.GroupMagnitudeImportance(p=2)
     pruner = tp.pruner.MetaPruner(
         den,
@@ -208,7 +208,7 @@ def _prune_unet(den, inputs: dict, cfg: Prune, fp) -> dict:
         for table in (pruner.out_channel_groups, pruner.in_channel_groups):
             for m in [m for m in table if isinstance(m, nn.GroupNorm)]:
                 del table[m]
-    if cfg.importance == "taylor":
+    if config.importance == "taylor":
         taylor_gradients(den, fp, inputs)
     pruner.step()
     return _fix_up(den, attns, head_dims, whole_heads, norms, whole_groups, old_c0, temb_dim)

@@ -178,7 +178,7 @@ def _prune_blocks(den, ratio: float, importance: str) -> None:
             _remove_heads(a, sorted(score.argsort()[: a.heads - _kept(a.heads, ratio)].tolist()))
 
 
-def prune_transformer(fp, cfg) -> Handle:
+def prune_transformer(fp, config) -> Handle:
     """``Prune.apply`` for transformer denoisers (see the module docstring)."""
     den = fp.denoiser
     inputs = capture_inputs(fp, batch=2)
@@ -186,11 +186,11 @@ def prune_transformer(fp, cfg) -> Handle:
     trainable = any(p.requires_grad for p in den.parameters())
     copies = PruningCopies(den)  # prune copies; the originals come back on remove()
     try:
-        if cfg.importance == "taylor":
+        if config.importance == "taylor":
             with torch.enable_grad():
                 den.requires_grad_(True)
                 taylor_gradients(den, fp, inputs)
-        _prune_blocks(den, cfg.ratio, cfg.importance)
+        _prune_blocks(den, config.ratio, config.importance)
     except BaseException:
         copies.restore()
         raise

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from fastdiff.train.data import training_data
+
 # Re-exported: onnx_export and the benchmarks import these from here.
 from fastdiff.train.inputs import (  # noqa: F401
     as_fastpipeline,
@@ -42,7 +44,6 @@ from fastdiff.train.inputs import (  # noqa: F401
     noised_inputs,
     sample_key,
     to_device,
-    training_data,
 )
 from fastdiff.train.loop import train
 

@@ -1,4 +1,6 @@
-"""What both distillations share: teacher checks, output-directory rules, batches, the guided teacher, saving.
+"""What the distillers share: output-directory rules, the guided teacher, saving and loading students.
+
+The teacher and its training batches come from ``fastdiff.train.data`` (one path for every trainer).
 
 A run writes ``OUT/fastdiff_distill.json`` before it trains (the command, teacher and settings) and marks it
 done at the end; ``check_out`` refuses an OUT that exists unless it is an earlier run of the same command and
@@ -22,54 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastdiff.train.inputs import (
-    capture_inputs,
-    denoiser_output,
-    sample_key,
-    split_branches,
-    training_data,
-)
+from fastdiff.train.data import TrainingInputError
+from fastdiff.train.inputs import denoiser_output
 
-SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 MANIFEST = "fastdiff_distill.json"
 
-
-class DistillError(ValueError):
-    """Bad distillation input (teacher, step counts, output directory); nothing was written."""
-
-
-def load_teacher(path, allow_flow: bool = False):
-    """FastPipeline of a pipeline directory whose denoiser is a UNet2DModel or UNet2DConditionModel (with
-    ``allow_flow``, also any flow-matching model fastdiff has facts for)."""
-    from fastdiff.core.denoisers import denoiser_facts
-    from fastdiff.core.models import model_prediction, pipeline_facts
-    from fastdiff.core.pipeline import FastPipeline
-
-    path = Path(path)
-    if not (path / "model_index.json").is_file():
-        raise DistillError(
-            f"teacher {str(path)!r} is not a diffusers pipeline directory (no model_index.json)"
-        )
-    fp = FastPipeline.from_pretrained(path)
-    name = type(fp.denoiser).__name__
-    if model_prediction(fp.pipe.scheduler) == "flow":
-        if not allow_flow:
-            raise DistillError(f"teacher {str(path)!r} is a flow-matching model ({name}); this distillation "
-                               "needs a noise-prediction UNet: use `fastdiff distill progressive`")  # fmt: skip
-        (
-            pipeline_facts(fp.pipe),
-            denoiser_facts(fp.denoiser, "progressive distillation"),
-        )  # refuse unknown models
-    elif name not in SUPPORTED:
-        raise DistillError(
-            f"teacher {str(path)!r} has a {name}; distillation needs a {' or '.join(SUPPORTED)}"
-        )
-    elif not hasattr(fp.pipe.scheduler, "alphas_cumprod"):
-        raise DistillError(
-            f"teacher's scheduler {type(fp.pipe.scheduler).__name__} has no DDPM noise schedule"
-        )
-    fp.pipe.set_progress_bar_config(disable=True)
-    return fp
+DistillError = TrainingInputError  # one error for bad training input, whichever trainer is given it
 
 
 def check_out(out, command: dict, resume: bool) -> None:
@@ -121,47 +81,6 @@ def parse_guidance(text: str | None) -> tuple[float, float] | None:
     if len(values) not in (1, 2) or min(values) < 1 or values[0] > values[-1]:
         raise DistillError(f"guidance range must be 'a,b' with 1 <= a <= b, got {text!r}")
     return values[0], values[-1]
-
-
-class Batches:
-    """Training batches: x0 (the training split when the model has one, else 0.5 * noise) and conditioning.
-
-    ``batch(g)`` returns (x0, cond, uncond): ``cond``/``uncond`` are the denoiser's other inputs for the
-    guided and the unguided branch (``uncond`` is None for pipelines without classifier-free guidance).
-    """
-
-    def __init__(self, fp, model_dir, batch: int, seed: int = 0):
-        from fastdiff.core.models import pipeline_facts
-
-        self.size = batch
-        layout = pipeline_facts(fp.pipe).cfg_layout
-        captured = capture_inputs(fp, batch=batch, seed=seed, guidance=2.0 if layout else None)
-        self.key = sample_key(captured)  # the denoiser's noisy-sample argument
-        self.shape = tuple(captured[self.key].shape[1:])
-        if layout and captured[self.key].shape[0] == 2 * batch:
-            branches = split_branches(captured, layout)
-            self.cond, self.uncond = branches["cond"], branches["uncond"]
-        else:
-            self.cond, self.uncond = captured, None
-        for part in (self.cond, self.uncond or {}):
-            for key in (self.key, "timestep"):
-                part.pop(key, None)
-        data = training_data(model_dir) if model_dir is not None else None
-        self.x0, self.labels = data if data is not None else (None, None)
-        self.null_class = None
-        if self.labels is not None and self.uncond is not None:
-            self.null_class = fp.denoiser.config.num_class_embeds - 1
-
-    def batch(self, g: torch.Generator):
-        if self.x0 is None:
-            return 0.5 * torch.randn((self.size, *self.shape), generator=g), self.cond, self.uncond
-        idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)
-        cond, uncond = dict(self.cond), self.uncond and dict(self.uncond)
-        if self.labels is not None:
-            cond["class_labels"] = self.labels[idx]
-            if uncond is not None:
-                uncond["class_labels"] = torch.full_like(self.labels[idx], self.null_class)
-        return self.x0[idx], cond, uncond
 
 
 def alphas(scheduler_config) -> torch.Tensor:

@@ -38,7 +38,6 @@ import torch
 
 from fastdiff.distill.common import (
     MANIFEST,
-    Batches,
     DistillError,
     alphas,
     check_out,
@@ -46,12 +45,12 @@ from fastdiff.distill.common import (
     finish_run,
     fresh_copy,
     guided,
-    load_teacher,
     parse_guidance,
     start_run,
     to_eps_x0,
 )
 from fastdiff.distill.validate import validate_student
+from fastdiff.train.data import load_teacher, teacher_batches
 from fastdiff.train.inputs import denoiser_output, to_device
 from fastdiff.train.loop import train
 
@@ -138,7 +137,7 @@ def consistency(
     if manifest.get("done"):
         return manifest  # an earlier run of this command finished
     start_run(out, command)
-    batches = Batches(fp, teacher_dir, batch, seed)
+    batches = teacher_batches(fp, teacher_dir, batch, seed)
     if lora is None:
         student = fresh_copy(teacher, **({"time_cond_proj_dim": w_embedding_dim} if embed else {}))
         student.requires_grad_(True)

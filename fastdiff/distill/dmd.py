@@ -41,22 +41,20 @@ import torch
 
 from fastdiff.distill.common import (
     MANIFEST,
-    Batches,
     DistillError,
     check_out,
     finish_run,
     fresh_copy,
-    load_teacher,
     save_pipeline,
     start_run,
 )
 from fastdiff.distill.dmd_gan import GanHead
 from fastdiff.distill.dmd_lora import FAKE, GENERATOR, MergedView, add_adapters, merged_state_dict
 from fastdiff.distill.dmd_loss import dmd_loss_fn, teacher_pairs
-from fastdiff.distill.flow import FlowBatches
 from fastdiff.distill.pick import SNAPSHOTS, pick_snapshot, snapshotter
 from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import student_scheduler
+from fastdiff.train.data import load_teacher, teacher_batches
 from fastdiff.train.loop import ema_updater, train
 
 METHODS = ("dmd", "sid")
@@ -202,11 +200,7 @@ def dmd(
     start_run(out, command)
     scale = float(guidance or 1.0)
     # flow: the conditioning of the teacher's own prompts (FlowBatches also samples them: 2 steps, unused here)
-    batches = (
-        FlowBatches(fp, batch, max(batch, 64), scale, 2, seed)
-        if flow
-        else Batches(fp, teacher_dir, batch, seed)
-    )
+    batches = teacher_batches(fp, teacher_dir, batch, seed, guidance=scale, pool=max(batch, 64), steps=2)
     key = batches.key
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device train() will use
     if lora is None:

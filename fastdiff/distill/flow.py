@@ -28,7 +28,8 @@ import copy
 import torch
 
 from fastdiff.distill.common import DistillError
-from fastdiff.train.inputs import capture_inputs, denoiser_output, sample_key, split_branches, to_device
+from fastdiff.train.data import FlowBatches
+from fastdiff.train.inputs import denoiser_output, to_device
 
 
 def check_flow_teacher(fp) -> None:
@@ -46,56 +47,6 @@ def flow_grid(scheduler, steps: int) -> torch.Tensor:
     trial = copy.deepcopy(scheduler)
     trial.set_timesteps(steps)
     return torch.as_tensor(trial.sigmas, dtype=torch.float32).flatten()
-
-
-class FlowBatches:
-    """Training batches of teacher samples with their own prompts' conditioning.
-
-    ``batch(g)`` returns (x0, cond, uncond) like ``distill.common.Batches``: x0 in the denoiser's latent
-    space, ``cond``/``uncond`` the denoiser's other inputs per branch (``uncond`` None without guidance).
-    """
-
-    def __init__(self, fp, batch: int, pool: int, guidance: float, steps: int, seed: int = 0):
-        from fastdiff.core.inputs import make_inputs
-        from fastdiff.core.models import pipeline_facts
-
-        layout = pipeline_facts(fp.pipe).cfg_layout
-        self.size = batch
-        captured = capture_inputs(fp, batch=pool, seed=seed, guidance=2.0 if layout else None)
-        self.key = sample_key(captured)
-        if layout and captured[self.key].shape[0] == 2 * pool:
-            branches = split_branches(captured, layout)
-            self.cond, self.uncond = branches["cond"], branches["uncond"]
-        else:
-            self.cond, self.uncond = captured, None
-        for part in (self.cond, self.uncond or {}):
-            part.pop(self.key, None)
-            part.pop("timestep", None)
-        kwargs = make_inputs(fp.pipe, pool, guidance if layout else None)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            self.x0 = fp(
-                **kwargs, num_inference_steps=steps, output_type="latent", generator=generator
-            ).images
-        if self.x0.shape[0] != pool or not torch.isfinite(self.x0).all():
-            raise DistillError(
-                f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite"
-            )
-        self.shape = tuple(self.x0.shape[1:])
-
-    def batch(self, g: torch.Generator):
-        idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)
-        pool = self.x0.shape[0]
-        uncond = None if self.uncond is None else _rows(self.uncond, idx, pool)
-        return self.x0[idx], _rows(self.cond, idx, pool), uncond
-
-
-def _rows(value, idx, pool: int):
-    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == pool:
-        return value[idx]
-    if isinstance(value, dict):
-        return {k: _rows(v, idx, pool) for k, v in value.items()}
-    return value
 
 
 def guided_velocity(model, key: str, z, t, cond, uncond, scale: float):

@@ -33,21 +33,20 @@ import torch
 
 from fastdiff.core.models import model_prediction
 from fastdiff.distill.common import (
-    Batches,
     DistillError,
     alphas,
     check_out,
     finish_run,
     fresh_copy,
     guided,
-    load_teacher,
     save_pipeline,
     start_run,
     to_eps_x0,
     trailing_grid,
 )
-from fastdiff.distill.flow import FlowBatches, check_flow_teacher, flow_grid, flow_round_loss
+from fastdiff.distill.flow import check_flow_teacher, flow_grid, flow_round_loss
 from fastdiff.distill.validate import validate_student
+from fastdiff.train.data import load_teacher, teacher_batches
 from fastdiff.train.inputs import denoiser_output, to_device
 from fastdiff.train.loop import train
 
@@ -113,12 +112,8 @@ def progressive(
         check_flow_teacher(fp)
     start_run(out, command)
     config = fp.pipe.scheduler.config
-    if flow:
-        batches = FlowBatches(fp, batch, pool, scale, 2 * start, seed)
-        a_all, total = None, config.num_train_timesteps
-    else:
-        batches = Batches(fp, teacher_dir, batch, seed)
-        a_all, total = alphas(config), config.num_train_timesteps
+    batches = teacher_batches(fp, teacher_dir, batch, seed, guidance=scale, pool=pool, steps=2 * start)
+    a_all, total = None if flow else alphas(config), config.num_train_timesteps
     teacher, kind, uncond_on = fp.denoiser.eval(), model_prediction(fp.pipe.scheduler), scale > 1
     rounds, n = {}, start // 2
     while n >= end:

@@ -136,16 +136,16 @@ class ClassifierGuidanceHook(ModelHook):
         return self.schedule
 
     def new_forward(self, module, *args, **kwargs):
-        cfg, ctx = self.config, self.context
+        config, ctx = self.config, self.context
         labels = _get_arg(args, kwargs, 2, ("class_labels",))
-        if cfg.unconditional and isinstance(labels, torch.Tensor):  # the denoiser runs unconditionally
+        if config.unconditional and isinstance(labels, torch.Tensor):  # the denoiser runs unconditionally
             null = torch.full_like(labels, self.null_class)
             if len(args) > 2:
                 args = (*args[:2], null, *args[3:])
             else:
                 kwargs = {**kwargs, "class_labels": null}
         output = self.fn_ref.original_forward(*args, **kwargs)
-        if cfg.scale == 0 or not cfg.start <= ctx.progress < cfg.end:
+        if config.scale == 0 or not config.start <= ctx.progress < config.end:
             return output
         sample = _get_arg(args, kwargs, 0, ("sample", "hidden_states"))
         batch, branches = sample.shape[0], ctx.branches
@@ -158,7 +158,9 @@ class ClassifierGuidanceHook(ModelHook):
         y = self._labels(labels, lo, size, batch, x.device)
         grad = self.gradient(x, y, ctx.timestep)
         schedule = self._noise_schedule()
-        shift = prediction_shift(grad, cfg.scale, schedule.alpha_bar(ctx.timestep), schedule.prediction_type)
+        shift = prediction_shift(
+            grad, config.scale, schedule.alpha_bar(ctx.timestep), schedule.prediction_type
+        )
         prediction, rebuild = _first_tensor(output)
         shift = torch.cat([shift] * chunks).to(prediction.dtype)
         channels = sample.shape[1]  # learned-variance models (DiT) output [prediction, variance]

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import torch
 from diffusers.hooks import ModelHook
@@ -150,19 +149,3 @@ def as_fastpipeline(pipe):
         return pipe
     wrapper = getattr(pipe, "_fastdiff_wrapper", lambda: None)()
     return wrapper if wrapper is not None else FastPipeline(pipe)
-
-
-def training_data(model_dir) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(images in model space, labels) of the model's training split, or None for models without data.
-
-    A digits reference directory keeps its split in ``eval/split.npz`` (images in [0, 1]; the model
-    works in [-1, 1]).
-    """
-    import numpy as np
-
-    path = Path(model_dir) / "eval" / "split.npz"
-    if not path.is_file():
-        return None
-    with np.load(path) as split:
-        images = torch.as_tensor(split["x_train"], dtype=torch.float32) * 2 - 1
-        return images, torch.as_tensor(split["y_train"], dtype=torch.long)

@@ -11,16 +11,15 @@ import torch
 from fastdiff.cli.main import main
 from fastdiff.distill.common import (
     MANIFEST,
-    Batches,
     DistillError,
     fresh_copy,
     load_student,
-    load_teacher,
 )
 from fastdiff.distill.dmd import dmd
 from fastdiff.distill.dmd_loss import dmd_loss_fn, guided_x0
 from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import progressive
+from fastdiff.train.data import Batches, load_teacher
 from fastdiff.train.loop import TrainingDiverged, train
 from fastdiff.zoo import build
 
