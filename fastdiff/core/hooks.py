@@ -98,6 +98,10 @@ class GatedHook(ModelHook):
         super().__init__()
         set_stateful(self, is_stateful(hook))  # diffusers resets stateful hooks through this flag
         self._new = getattr(hook, "new_forward", None)
+        # ModelHook's own pre/post_forward pass everything through: skip the call (host time on every step)
+        own = type(hook)
+        self._pre = None if own.pre_forward is ModelHook.pre_forward else hook.pre_forward
+        self._post = None if own.post_forward is ModelHook.post_forward else hook.post_forward
 
     @property
     def fn_ref(self):
@@ -123,13 +127,14 @@ class GatedHook(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         if not self.context.active:
-            return self.fn_ref.original_forward(*args, **kwargs)
-        args, kwargs = self.hook.pre_forward(module, *args, **kwargs)
+            return self._fn_ref.original_forward(*args, **kwargs)
+        if self._pre is not None:
+            args, kwargs = self._pre(module, *args, **kwargs)
         if self._new is not None:
             output = self._new(module, *args, **kwargs)
         else:
-            output = self.fn_ref.original_forward(*args, **kwargs)
-        return self.hook.post_forward(module, output)
+            output = self._fn_ref.original_forward(*args, **kwargs)
+        return output if self._post is None else self._post(module, output)
 
 
 @contextmanager
