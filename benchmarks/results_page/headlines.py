@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .format import db, find, fx, pct, rel, spread, table
@@ -219,156 +222,19 @@ class Headline:
     figure: Callable[[dict], tuple[str, str, str]] | None
 
 
+def _figure(name: str | None) -> Callable[[dict], tuple[str, str, str]] | None:
+    """``h_NAME`` of this module, or ``flow_pick:FAMILY`` (digits-flow's caching pick for that family)."""
+    if name is None:
+        return None
+    if name.startswith("flow_pick:"):
+        return functools.partial(_flow_pick, family=name.split(":", 1)[1])
+    return globals()[name]
+
+
+# What each row is (spec, description, guide, source files) is data: headlines.json; its figure is code here.
 HEADLINES = [
-    Headline(
-        "scheduler(name, steps)",
-        "swaps in one of 17 sampler presets (diffusers schedulers)",
-        "samplers.md",
-        ("accelerators_digits",),
-        h_scheduler,
-    ),
-    Headline(
-        "timesteps(path)",
-        "runs a sampler on timesteps tuned for one model by `fastdiff tune-schedule`",
-        "tuned-schedules.md",
-        ("schedules_digits",),
-        h_schedule,
-    ),
-    Headline(
-        "deepcache(interval, branch, schedule, warmup)",
-        "reuses a UNet's deep features between full steps",
-        "caching.md",
-        ("accelerators_digits",),
-        h_deepcache,
-    ),
-    Headline(
-        "blockcache(mode, threshold, interval, fit)",
-        "skips or reuses transformer blocks (first-block, FORA interval, TeaCache)",
-        "caching.md",
-        ("flow_caching",),
-        lambda r: _flow_pick(r, "fd-teacache"),
-    ),
-    Headline(
-        "forecast(order, interval, warmup, at, after_warmup)",
-        "skips denoiser calls (or attention layers, TaylorSeer's form), extrapolating the last outputs",
-        "caching.md",
-        ("flow_caching",),
-        lambda r: _flow_pick(r, "fd-forecast"),
-    ),
-    Headline(
-        "promptcache(size)",
-        "LRU cache of text-encoder outputs across calls",
-        "caching.md",
-        ("digits_sd",),
-        h_promptcache,
-    ),
-    Headline(
-        "cfg-interval(start, end)",
-        "classifier-free guidance only inside a window of the trajectory",
-        "caching.md",
-        ("digits_sd",),
-        h_cfg_interval,
-    ),
-    Headline(
-        "classifier-guidance(path, scale, label, start, end, unconditional)",
-        "steers sampling with a noise-aware classifier's gradient",
-        "classifier-guidance.md",
-        ("classifier_guidance",),
-        h_classifier_guidance,
-    ),
-    Headline(
-        "tome(ratio, ...)",
-        "token merging in self-attention (UNets and DiTs)",
-        "compression.md",
-        ("digits_sd",),
-        h_tome,
-    ),
-    Headline(
-        "quantize(mode)",
-        "int8 / fp8 weights and activations through torchao",
-        "compression.md",
-        ("accelerators_digits", "full_size_cpu"),
-        h_quantize,
-    ),
-    Headline(
-        "prune(ratio, importance)",
-        "channel pruning of UNets, FFN widths and heads of DiTs",
-        "compression.md",
-        ("accelerators_digits",),
-        h_prune,
-    ),
-    Headline("sparsity(pattern, amount)", "weight masks (unstructured or 2:4)", "compression.md", (), None),
-    Headline(
-        "lowrank(energy, rank, targets)",
-        "SVD factorization of linear and conv layers",
-        "compression.md",
-        ("accelerators_digits",),
-        h_lowrank,
-    ),
-    Headline(
-        "compile(mode)",
-        "torch.compile of the denoiser",
-        "compression.md",
-        ("runtime", "gpu_nvidia_h200_matrix"),
-        h_compile,
-    ),
-    Headline("fuse(channels_last)", "diffusers' QKV fusion", "compression.md", ("runtime",), h_fuse),
-    Headline(
-        "attention(backend)",
-        "attention processor: sdpa, math or xformers",
-        "compression.md",
-        ("runtime",),
-        h_attention,
-    ),
-    Headline(
-        "vae-tiling(tiling, slicing, frames)",
-        "decodes in spatial tiles, one sample and a few frames at a time",
-        "video.md",
-        ("video_vae",),
-        h_vae_tiling,
-    ),
-    Headline(
-        "experts(models, boundaries)",
-        "a different denoiser per part of the trajectory",
-        "experts.md",
-        ("accelerators_digits",),
-        h_experts,
-    ),
-    Headline(
-        "student(path, steps)",
-        "a distilled few-step student on the teacher's pipeline",
-        "distillation.md",
-        ("distill_g2",),
-        h_student,
-    ),
-    Headline(
-        "lcm-lora(path, steps)",
-        "a consistency-distilled LoRA on the teacher",
-        "distillation.md",
-        ("distill_g2",),
-        h_lcm_lora,
-    ),
-    Headline(
-        "parallel(mode=cfg, devices)",
-        "the two guidance branches on two processes or GPUs",
-        "parallel.md",
-        ("parallel_cfg",),
-        h_parallel_cfg,
-    ),
-    Headline(
-        "parallel(mode=async, devices, ...)",
-        "the denoiser in stages on one-step-stale activations (AsyncDiff)",
-        "parallel.md",
-        ("parallel_async_digits_overlap_seeds",),
-        h_parallel_async,
-    ),
-    Headline(
-        "parallel(mode=ulysses, devices)",
-        "the token sequence split across processes, attention all-to-all (diffusers' context parallelism)",
-        "parallel.md",
-        ("parallel_sequence",),
-        h_parallel_sequence,
-    ),
+    Headline(e["spec"], e["what"], e["guide"], tuple(e["source"]), _figure(e["figure"]))
+    for e in json.loads(Path(__file__).with_name("headlines.json").read_text())
 ]
 
 

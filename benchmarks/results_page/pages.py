@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .format import r_generic
+from . import charts
+from .generic import render
 from .headlines import accelerators_block
-from .renderers_gpu import real_sizes_block
-from .section import GROUPS
-from .sections import SECTIONS
+from .real_sizes import real_sizes_block
+from .sections import GROUPS, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -167,14 +167,12 @@ def provenance(stem: str, d: Any) -> list[str]:
 
 
 def render_file(stem: str, d: Any) -> str:
-    section = SECTIONS.get(stem)
     try:
-        body = (section.render if section else r_generic)(d)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration) as error:
+        return render(d)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
         raise SystemExit(
             f"results_page: cannot render benchmarks/results/{stem}.json: {type(error).__name__}: {error}"
         ) from error
-    return body
 
 
 def results_page(results: dict[str, Any]) -> str:
@@ -190,6 +188,11 @@ def results_page(results: dict[str, Any]) -> str:
         "configs side by side in one run; speedups are against the first row of their table. Accuracy and FD are",
         "the digits yardstick ([how quality is measured](quality.md)); PSNR compares images with a baseline's from",
         'the same noise ("identical": bit-identical images).',
+        "",
+        "Per reference model, every setting of its headline run (one baseline each), speedup against FD, accuracy",
+        "in the labels (green >= 98%, orange >= 95%, red below), bars the range over the run's rounds:",
+        "",
+        charts.markdown("", results),
         "",
     ]
     by_group: dict[str, list[str]] = {g: [] for g in GROUPS}
@@ -220,6 +223,8 @@ def block_body(name: str, results: dict[str, Any], page: Path) -> str:
     if name == "accelerators":
         prefix = "docs/" if page.parent == ROOT else ""
         return accelerators_block(results, prefix) + "\n"
+    if name == "charts":
+        return charts.markdown("docs/" if page.parent == ROOT else "", results) + "\n"
     if name == "real-sizes":
         return real_sizes_block(results) + "\n"
     if name not in results:
@@ -245,7 +250,7 @@ def pages_with_blocks() -> list[Path]:
 
 def expected() -> dict[Path, str]:
     results = load_results()
-    out = {RESULTS_PAGE: results_page(results)}
+    out = {RESULTS_PAGE: results_page(results), **charts.expected(results, DOCS)}
     for page in pages_with_blocks():
         out[page] = refresh_blocks(page.read_text(), results, page)
     return out
@@ -257,7 +262,13 @@ def check(pages: dict[Path, str]) -> int:
     errors = provenance_errors(load_results())
     for error in errors:
         print(error, file=sys.stderr)
-    stale = [p for p, text in pages.items() if not p.is_file() or p.read_text() != text]
+    stale = [
+        p
+        for p, text in pages.items()
+        if not p.is_file()
+        or p.read_text() != text
+        and (p.suffix != ".svg" or charts.comparable(p.read_text()))
+    ]
     for p in stale:
         print(
             f"{p.relative_to(ROOT)}: differs from benchmarks/results/*.json; run python -m benchmarks.results_page",
@@ -270,6 +281,7 @@ def write(pages: dict[Path, str]) -> int:
     """Write each page that differs from what the JSON says."""
     for p, text in pages.items():
         if not p.is_file() or p.read_text() != text:
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
             print(f"wrote {p.relative_to(ROOT)}")
     return 0

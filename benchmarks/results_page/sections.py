@@ -1,28 +1,20 @@
-"""Every results file's section, in results-page order (the groups of ``section.GROUPS``, in turn)."""
+"""What each results file is (``sections.json``): its group on the results page, title, script and description."""
 
 from __future__ import annotations
 
-from . import (
-    renderers_caching,
-    renderers_compression,
-    renderers_distill_tune,
-    renderers_flow,
-    renderers_gpu,
-    renderers_parallel,
-    renderers_samplers,
-    renderers_serving,
-    renderers_video,
-)
-from .section import Section
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
-SECTIONS: dict[str, Section] = {
-    **renderers_samplers.SECTIONS,
-    **renderers_caching.SECTIONS,
-    **renderers_compression.SECTIONS,
-    **renderers_distill_tune.SECTIONS,
-    **renderers_flow.SECTIONS,
-    **renderers_video.SECTIONS,
-    **renderers_parallel.SECTIONS,
-    **renderers_serving.SECTIONS,
-    **renderers_gpu.SECTIONS,
-}
+
+@dataclass(frozen=True)
+class Section:
+    group: str
+    title: str
+    script: str
+    what: str
+
+
+_DATA = json.loads((Path(__file__).with_name("sections.json")).read_text())
+GROUPS: list[str] = _DATA["groups"]
+SECTIONS: dict[str, Section] = {stem: Section(**entry) for stem, entry in _DATA["files"].items()}
