@@ -56,7 +56,7 @@ def show(key: str, v: Any, row: dict | None = None) -> str | None:
         note = f", {verdict}" if verdict not in (None, "baseline") else ""
         bracket = "[{}, {}]" if f"{key}_low" in row else "({}-{}{})"
         text += " " + bracket.format(number(low), number(high), note)
-    if "speedup" in key or key.endswith("ratio") or key == "ratio":
+    if "speedup" in key or key.endswith("_ratio"):
         text = text.replace(" ", "x ", 1) if " " in text else text + "x"
     return text
 
