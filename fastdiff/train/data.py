@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from fastdiff.core.models import pipeline_facts
 from fastdiff.train.inputs import capture_inputs, sample_key, split_branches
 
 SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
@@ -43,7 +44,7 @@ def load_teacher(path, allow_flow: bool = False):
     """FastPipeline of a pipeline directory whose denoiser is a UNet2DModel or UNet2DConditionModel (with
     ``allow_flow``, also any flow-matching model fastdiff has facts for)."""
     from fastdiff.core.denoisers import denoiser_facts
-    from fastdiff.core.models import model_prediction, pipeline_facts
+    from fastdiff.core.models import model_prediction
     from fastdiff.core.pipeline import FastPipeline
 
     path = Path(path)
@@ -89,6 +90,24 @@ def training_data(model_dir) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         return images, torch.as_tensor(split["y_train"], dtype=torch.long)
 
 
+def conditioning(fp, count: int, seed: int) -> tuple[str, tuple, dict, dict | None]:
+    """(noisy-sample argument, sample shape, cond, uncond) of ``count`` images of one captured denoiser call:
+    the denoiser's other inputs per guidance branch (``uncond`` None for pipelines without guidance)."""
+    layout = pipeline_facts(fp.pipe).cfg_layout
+    captured = capture_inputs(fp, batch=count, seed=seed, guidance=2.0 if layout else None)
+    key = sample_key(captured)  # the denoiser's noisy-sample argument
+    shape = tuple(captured[key].shape[1:])
+    if layout and captured[key].shape[0] == 2 * count:
+        branches = split_branches(captured, layout)
+        cond, uncond = branches["cond"], branches["uncond"]
+    else:
+        cond, uncond = captured, None
+    for part in (cond, uncond or {}):
+        part.pop(key, None)
+        part.pop("timestep", None)
+    return key, shape, cond, uncond
+
+
 class Batches:
     """Training batches: x0 (the training split when the model has one, else 0.5 * noise) and conditioning.
 
@@ -97,21 +116,8 @@ class Batches:
     """
 
     def __init__(self, fp, model_dir, batch: int, seed: int = 0):
-        from fastdiff.core.models import pipeline_facts
-
         self.size = batch
-        layout = pipeline_facts(fp.pipe).cfg_layout
-        captured = capture_inputs(fp, batch=batch, seed=seed, guidance=2.0 if layout else None)
-        self.key = sample_key(captured)  # the denoiser's noisy-sample argument
-        self.shape = tuple(captured[self.key].shape[1:])
-        if layout and captured[self.key].shape[0] == 2 * batch:
-            branches = split_branches(captured, layout)
-            self.cond, self.uncond = branches["cond"], branches["uncond"]
-        else:
-            self.cond, self.uncond = captured, None
-        for part in (self.cond, self.uncond or {}):
-            for key in (self.key, "timestep"):
-                part.pop(key, None)
+        self.key, self.shape, self.cond, self.uncond = conditioning(fp, batch, seed)
         data = training_data(model_dir) if model_dir is not None else None
         self.x0, self.labels = data if data is not None else (None, None)
         self.null_class = None
@@ -139,21 +145,10 @@ class FlowBatches:
 
     def __init__(self, fp, batch: int, pool: int, guidance: float, steps: int, seed: int = 0):
         from fastdiff.core.inputs import make_inputs
-        from fastdiff.core.models import pipeline_facts
 
-        layout = pipeline_facts(fp.pipe).cfg_layout
         self.size = batch
-        captured = capture_inputs(fp, batch=pool, seed=seed, guidance=2.0 if layout else None)
-        self.key = sample_key(captured)
-        if layout and captured[self.key].shape[0] == 2 * pool:
-            branches = split_branches(captured, layout)
-            self.cond, self.uncond = branches["cond"], branches["uncond"]
-        else:
-            self.cond, self.uncond = captured, None
-        for part in (self.cond, self.uncond or {}):
-            part.pop(self.key, None)
-            part.pop("timestep", None)
-        kwargs = make_inputs(fp.pipe, pool, guidance if layout else None)
+        self.key, _, self.cond, self.uncond = conditioning(fp, pool, seed)
+        kwargs = make_inputs(fp.pipe, pool, guidance if pipeline_facts(fp.pipe).cfg_layout else None)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             self.x0 = fp(
