@@ -8,11 +8,13 @@ BIN := $(VENV)/bin
 
 .PHONY: venv demo test test-full test-ray lint clean test-xla fuzz-server soak wheel docs gpu-dry-run
 
-$(BIN)/fastdiff: pyproject.toml
+$(BIN)/fastdiff: pyproject.toml references/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: pip takes the CPU build on this machine's disk instead of pulling a multi-GB CUDA build
 	$(BIN)/pip install -q --no-compile torch==2.13.0
+	# the reference models' files: a distribution of their own (the [zoo] extra), here from this checkout
+	$(BIN)/pip install -q --no-compile -e references
 	$(BIN)/pip install -q --no-compile -e ".[dev,bench,compress,serve]"
 	touch $(BIN)/fastdiff
 
@@ -78,6 +80,7 @@ test-xla: $(XLA_VENV)/.installed
 wheel: venv
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist
+	$(BIN)/python -m build --outdir dist references
 	$(BIN)/twine check dist/*
 	$(BIN)/check-wheel-contents dist/*.whl
 

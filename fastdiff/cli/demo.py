@@ -34,7 +34,7 @@ def reference_model(quick: bool = False, retrain: bool = False) -> Path:
 
     Example::
 
-        path = reference_model()   # $FASTDIFF_CACHE/digits-bench, a copy of fastdiff/zoo/data/digits
+        path = reference_model()   # $FASTDIFF_CACHE/digits-bench, a copy of references/fastdiff_references/data/digits
     """
     from fastdiff import zoo
     from fastdiff.zoo.reference import SIZES, build_reference

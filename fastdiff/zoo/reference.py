@@ -46,9 +46,7 @@ from fastdiff.zoo.shipped import install_digits
 
 RESOLUTIONS = (16, 32)
 TEST_SIZE = 360
-BENCH_STEPS = (
-    3000  # reaches FD ~ fd_floor; the shipped model (fastdiff/zoo/data/digits) is this build, seed 0
-)
+BENCH_STEPS = 3000  # reaches FD ~ fd_floor; the shipped model (references/fastdiff_references/data/digits) is this build, seed 0
 SIZES = {
     "test": dict(steps=200, classifier_epochs=8, eval_per_class=0),
     "bench": dict(steps=BENCH_STEPS, classifier_epochs=30, eval_per_class=50),

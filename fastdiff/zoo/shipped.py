@@ -1,6 +1,7 @@
 """The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits), checked by sha256 before every use.
 
-``fastdiff/zoo/data/digits/`` holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
+``DATA_ROOT / "digits"`` (the fastdiff-accel-references distribution: ``pip install "fastdiff-accel[zoo]"``,
+or ``references/`` in a clone) holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
 (the pipeline with its fp32 safetensors weights, the evaluation classifier, the train/test split, the build's
 report and training log). ``install_digits`` copies it into a build directory in well under a second,
 after checking every file's size and sha256 against the table below: a corrupted, truncated or missing file
@@ -22,10 +23,27 @@ import os
 import shutil
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent / "data" / "digits"
+INSTALL_HINT = (
+    'the reference models are a distribution of their own: pip install "fastdiff-accel[zoo]" (from a clone of '
+    "the repository: pip install ./references)"
+)
+
+
+def _data_root() -> Path:
+    """Where the reference models' files are: the fastdiff-accel-references distribution, else (a source tree
+    run from its checkout) the repository's references/ folder."""
+    try:
+        import fastdiff_references
+    except ImportError:
+        return Path(__file__).resolve().parents[2] / "references" / "fastdiff_references" / "data"
+    return fastdiff_references.DATA
+
+
+DATA_ROOT = _data_root()
+DATA_DIR = DATA_ROOT / "digits"
 BUILD_COMMAND = "fastdiff reference build DIR --steps 3000 --seed 0"
 REBUILD_HINT = (
-    f"reinstall fastdiff, or train the model yourself with `{BUILD_COMMAND}` (about 15-25 minutes on 2 CPU "
+    f"reinstall fastdiff-accel-references, or train the model yourself with `{BUILD_COMMAND}` (about 15-25 minutes on 2 CPU "
     "cores) and pass DIR as the model, or run `fastdiff demo --retrain`"
 )
 
@@ -213,7 +231,7 @@ def _model(model: str) -> tuple[Path, dict[str, tuple[int, str]], str]:
 
 def _hint(model: str) -> str:
     return REBUILD_HINT if model == "digits" else (
-        f"reinstall fastdiff, or train the model yourself with `{_model(model)[2]}` and pass DIR as the model"
+        f"reinstall fastdiff-accel-references, or train the model yourself with `{_model(model)[2]}` and pass DIR as the model"
     )  # fmt: skip
 
 
@@ -300,6 +318,8 @@ def install(out_dir: str | Path, model: str = "digits", source: str | Path | Non
     """
     data, table, _ = _model(model)
     source, out = Path(source or data), Path(out_dir)
+    if not source.is_dir() and not DATA_ROOT.is_dir():
+        raise ShippedModelError(f"{model}: {INSTALL_HINT}")
     if not table:
         raise ShippedModelError(f"this fastdiff has no shipped {model} model; {_hint(model)}")
     verify(source, model)

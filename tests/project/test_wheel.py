@@ -1,4 +1,7 @@
-"""The wheel works on its own: built from this tree, installed into a fresh venv, run from outside the repository.
+"""The wheels work on their own: built from this tree, installed into a fresh venv, run from outside the repository.
+
+The library's wheel is under 2 MB; the reference models' files are the fastdiff-accel-references wheel
+(``references/``), installed after the test has seen the library name it when it is missing.
 
 The fresh venv gets the wheel with ``pip install --no-deps``; torch, diffusers and the other dependencies come
 from this venv's site-packages through a ``.pth`` line. A path in a ``.pth`` file is only appended to
@@ -50,6 +53,22 @@ def venv(tmp_path_factory) -> Path:
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp / "dist", source],
         cwd=tmp,
     )
+    shutil.copytree(
+        ROOT / "references", source / "references", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            tmp / "dist",
+            source / "references",
+        ],
+        cwd=tmp,
+    )
     (wheel,) = (tmp / "dist").glob("fastdiff_accel-*.whl")
     run([sys.executable, "-m", "venv", "--without-pip", tmp / "venv"], cwd=tmp)
     python = tmp / "venv" / "bin" / "python"
@@ -83,7 +102,25 @@ def test_the_wheel_installs_and_runs(venv, tmp_path):
         == f"fastdiff-accel {VERSION}"
     )
 
-    # the shipped digits model from inside the wheel: every file passes its size and sha256 check
+    # the library's wheel is small: the reference models are a distribution of their own, named when missing
+    dist = venv.parent.parent / "dist"
+    (library,) = dist.glob("fastdiff_accel-*.whl")
+    (references,) = dist.glob("fastdiff_accel_references-*.whl")
+    assert library.stat().st_size < 2 * 1024 * 1024, f"{library.name}: {library.stat().st_size} bytes"
+    missing = subprocess.run(
+        [venv / "fastdiff", "zoo", "build", "digits", tmp_path / "none", "--size", "bench"],
+        cwd=outside, env=env(tmp_path), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert missing.returncode != 0 and 'pip install "fastdiff-accel[zoo]"' in missing.stderr, missing.stderr[
+        -2000:
+    ]
+    run(
+        [sys.executable, "-m", "pip", "--python", venv / "python", "install", "-q", "--no-deps", "--no-index",
+         references],
+        cwd=outside,
+    )  # fmt: skip
+
+    # the shipped digits model from the references wheel: every file passes its size and sha256 check
     model = tmp_path / "digits"
     run(
         [venv / "fastdiff", "zoo", "build", "digits", model, "--size", "bench"],
