@@ -168,7 +168,8 @@ def render(d: Any, depth: int = 0) -> str:
                 parts += [f"{title}: {k}\n\n{render(x, depth + 1)}" for k, x in value.items()]
         elif depth < MAX_DEPTH:
             body = render(value, depth + 1)
-            parts.append(f"{title}\n\n{body}" if body else title)
+            if body:
+                parts.append(f"{title}\n\n{body}")
         else:
             parts.append(f"{title}: {summary(value) if isinstance(value, list) else f'{len(value)} fields'}")
     return "\n\n".join(p for p in parts if p)
