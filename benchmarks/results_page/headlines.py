@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from .format import db, find, fx, pct, rel, spread, table
@@ -222,10 +223,32 @@ class Headline:
     figure: Callable[[dict], tuple[str, str, str]] | None
 
 
+def _pair(r, source: str, name: str, base_name: str, model: str) -> tuple[str, str, str]:
+    """Config ``name`` of a ``fastdiff bench`` file against config ``base_name`` of the same run: the CPU-time
+    ratio of their medians, the range of the ratios of runs taken in the same round, "level" where runs overlap."""
+    configs = r[source]["configs"]
+    c, base = find(configs, "name", name), find(configs, "name", base_name)
+    mine, theirs = c["cpu_seconds"], base["cpu_seconds"]
+    paired = [b / m for b, m in zip(theirs, mine)]
+    overlap = min(mine) <= max(theirs) and min(theirs) <= max(mine)
+    verdict = "level" if overlap else ("faster" if max(mine) < min(theirs) else "slower")
+    row = {
+        "x": median(theirs) / median(mine),
+        "x_min": min(paired),
+        "x_max": max(paired),
+        "x_verdict": verdict,
+    }
+    return _compared(c, base, f"{spread(row, 'x')} vs {base_name}", model, base_name)
+
+
 def _figure(name: str | None) -> Callable[[dict], tuple[str, str, str]] | None:
-    """``h_NAME`` of this module, or ``flow_pick:FAMILY`` (digits-flow's caching pick for that family)."""
+    """``h_NAME`` of this module, ``flow_pick:FAMILY`` (digits-flow's caching pick for that family), or
+    ``pair:SOURCE:NAME:BASE:MODEL`` (two configs of one ``fastdiff bench`` file)."""
     if name is None:
         return None
+    if name.startswith("pair:"):
+        source, config, base, model = name.split(":")[1:]
+        return functools.partial(_pair, source=source, name=config, base_name=base, model=model)
     if name.startswith("flow_pick:"):
         return functools.partial(_flow_pick, family=name.split(":", 1)[1])
     return globals()[name]

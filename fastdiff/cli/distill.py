@@ -1,4 +1,5 @@
-"""``fastdiff distill progressive|consistency|dmd``: students that sample in 1-8 steps (dmd: one).
+"""``fastdiff distill progressive|consistency|dmd|tiny-vae``: students that sample in 1-8 steps (dmd: one), and
+tiny decoders for the ``tiny-vae`` accelerator.
 
 Examples::
 
@@ -7,6 +8,7 @@ Examples::
     fastdiff distill consistency TEACHER OUT --skip 20 --guidance-range 2
     fastdiff distill consistency TEACHER OUT --lora 16        # OUT: adapter for lcm-lora(path=OUT)
     fastdiff distill dmd TEACHER OUT --init PROG/steps-1 --guidance 2   # one step (DMD2)
+    fastdiff distill tiny-vae digits-sd OUT --steps 2000                # tiny-vae(path=OUT)
 
 Registered in ``fastdiff/cli/main.py`` (``COMMAND_MODULES``): ``fastdiff distill progressive ...``.
 """
@@ -66,6 +68,16 @@ def cmd_dmd(args) -> None:
     print(
         f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)"
     )
+
+
+def cmd_tiny_vae(args) -> None:
+    from fastdiff.distill.tiny_vae import tiny_vae
+
+    report = tiny_vae(_teacher(args), args.out, steps=args.steps, batch=args.batch, channels=args.channels,
+                      blocks=args.blocks, lr=args.lr, seed=args.seed, resume=args.resume,
+                      save_every=args.save_every)  # fmt: skip
+    print(json.dumps(report, indent=2, default=str))
+    print(f"tiny decoder in {args.out}; on its model: tiny-vae(path={Path(args.out).resolve()})")
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -168,4 +180,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     dmd.add_argument("--lora", type=POSITIVE, default=None, metavar="RANK",
                      help="generator and fake score as two LoRA adapters of this rank on the teacher's one copy "
                           "of the weights (v or flow teachers)")  # fmt: skip
+    tiny = sub.add_parser("tiny-vae", help="a tiny decoder (AutoencoderTiny) distilled from the model's VAE")
+    _common(tiny, accumulate=False)
+    tiny.set_defaults(lr=1e-3, batch=64, save_every=200, func=cmd_tiny_vae)
+    tiny.add_argument("--steps", type=POSITIVE, default=2000, help="optimizer steps")
+    tiny.add_argument("--channels", type=POSITIVE, default=32, help="channels of every decoder level")
+    tiny.add_argument("--blocks", type=POSITIVE, default=2, help="residual blocks per decoder level")
     return distill

@@ -89,6 +89,7 @@ NEEDS_ARTIFACT = {
     "student": "a full-weight student distilled from this model (fastdiff distill progressive|consistency)",
     "timesteps": "timesteps tuned for this model (fastdiff tune-schedule)",
     "classifier-guidance": "a noise-aware classifier trained for this model (fastdiff train-classifier)",
+    "tiny-vae": "a tiny decoder distilled from this model's VAE (fastdiff distill tiny-vae)",
 }
 # Declared touches that change a module itself, so pipelines sharing it see the change too.
 MODULE_LEVEL = frozenset(

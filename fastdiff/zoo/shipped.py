@@ -1,4 +1,5 @@
-"""The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits), checked by sha256 before every use.
+"""The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits, and digits' one-step
+student digits-onestep), checked by sha256 before every use.
 
 ``DATA_ROOT / "digits"`` (the fastdiff-accel-references distribution: ``pip install "fastdiff-accel[zoo]"``,
 or ``references/`` in a clone) holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
@@ -183,6 +184,26 @@ SHIPPED_VIDEO: dict[str, tuple[int, str]] = {
 }
 
 
+DATA_DIR_ONESTEP = DATA_DIR.parent / "digits-onestep"
+BUILD_COMMAND_ONESTEP = "bash benchmarks/onestep_digits.sh ROOT 2, then ROOT/dmd-g2/steps-1"
+# the one-step DMD student of the digits reference at guidance 2 (fastdiff/zoo/onestep.py; measured in
+# benchmarks/results/onestep_g2.json), used on the digits teacher as student(path=DIR,steps=1)
+SHIPPED_ONESTEP: dict[str, tuple[int, str]] = {
+    "model_index.json": (244, "0c49813e7280a56b1d3229b950f7248fabf8cf1d7aa177177c90409e3a0a0f4e"),
+    "scheduler/scheduler_config.json": (
+        498,
+        "e9430974067d75efebc66ca23b0d2cb5c90e35048f3db53fdb743c96484071d1",
+    ),
+    "unet/config.json": (1047, "042a243dd1fa993fb6009b1277fa4ea06a520fc079f8871baa0b01f5bc612d21"),
+    "unet/diffusion_pytorch_model.safetensors": (
+        4679708,
+        "e26a28b16bae75250a047848ec93416c563b2360e00cf4cec8c232f1e57edca1",
+    ),
+    "fastdiff_distill.json": (7406, "d9da51f0170a0ceabd65eb9d79711600793220eba58a55865c074af20845d695"),
+    "loss.csv": (34214, "b05cee743364f6432028b6d2637d0b0b9cfc5877e2c3ea713b63e00849d510ed"),
+}
+
+
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
     """name -> (data folder, its table, the command that rebuilds it)."""
     return {
@@ -190,6 +211,7 @@ def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
         "digits-sd": (DATA_DIR_SD, SHIPPED_SD, BUILD_COMMAND_SD),
         "digits-flow": (DATA_DIR_FLOW, SHIPPED_FLOW, BUILD_COMMAND_FLOW),
         "moving-digits": (DATA_DIR_VIDEO, SHIPPED_VIDEO, BUILD_COMMAND_VIDEO),
+        "digits-onestep": (DATA_DIR_ONESTEP, SHIPPED_ONESTEP, BUILD_COMMAND_ONESTEP),
     }
 
 
@@ -284,7 +306,8 @@ def verify_digits(directory: str | Path) -> Path:
 
 
 SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
-SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits")  # models installed with SD_EVAL_FILES
+# models installed with SD_EVAL_FILES
+SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits", "digits-onestep")
 
 
 def is_installed(directory: str | Path, model: str = "digits") -> bool:
@@ -379,8 +402,9 @@ def ensure_digits(directory: str | Path) -> Path:
 
 
 __all__ = [
-    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "DATA_DIR_VIDEO", "BUILD_COMMAND", "BUILD_COMMAND_SD",
-    "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "SHIPPED", "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO",
+    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "DATA_DIR_VIDEO", "DATA_DIR_ONESTEP", "BUILD_COMMAND",
+    "BUILD_COMMAND_SD", "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "BUILD_COMMAND_ONESTEP", "SHIPPED",
+    "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO", "SHIPPED_ONESTEP",
     "ShippedModelError",
     "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
     "install", "install_or_train", "install_digits", "ensure_digits",

@@ -75,6 +75,33 @@ def test_first_block_matches_diffusers_first_block_cache():
         np.testing.assert_array_equal(run(fp), reference)
 
 
+@pytest.mark.parametrize("threshold", [0.1, 0.2])
+def test_first_block_matches_diffusers_where_it_skips_steps_on_the_trained_moving_digits(tmp_path, threshold):
+    """On a trained model (random weights change their first block too much for any step to be skipped): both
+    caches skip steps at these thresholds, and the frames are diffusers' own, bit for bit."""
+    from fastdiff.zoo import build
+    from fastdiff.zoo import moving_digits as md
+    from fastdiff.zoo.reference_flow import load_flow_pipeline
+
+    pipe = load_flow_pipeline(build("moving-digits", tmp_path / "md", size="bench"))
+    pipe.set_progress_bar_config(disable=True)
+
+    def frames(target):
+        return target(prompt=md.bench_prompts()[:2], num_inference_steps=12, height=md.CANVAS, width=md.CANVAS,
+                      num_frames=md.FRAMES, output_type="np", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+
+    base = frames(pipe)
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    reference = frames(pipe)
+    pipe.transformer.disable_cache()
+    fp = FastPipeline(pipe)
+    handle = fp.accelerate(f"blockcache(mode=first-block,threshold={threshold})")
+    ours = frames(fp)
+    skipped = handle.handles[0].info["state"].skipped
+    assert not np.array_equal(reference, base) and 0 < skipped < 2 * 12  # skips some evaluations, not all
+    np.testing.assert_array_equal(ours, reference)
+
+
 @pytest.mark.parametrize("spec", MODES)
 def test_apply_twice_is_once_and_no_state_between_calls(dit, spec):
     handle = dit.accelerate(spec)

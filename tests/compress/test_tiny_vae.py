@@ -1,0 +1,104 @@
+"""tiny-vae: a tiny decoder distilled from a reference's VAE decodes the pipeline's latents, removably, and bad
+input is refused before anything changes (or trains)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderTiny
+
+from fastdiff import AcceleratorError, FastPipeline
+from fastdiff.core.models import UnsupportedModelError
+from fastdiff.distill.common import DistillError
+from fastdiff.distill.tiny_vae import tiny_config, tiny_vae
+from fastdiff.zoo.shipped import install
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-vae")
+    model = install(root / "digits-sd", "digits-sd")
+    manifest = tiny_vae(model, root / "taesd", steps=30, save_every=10, progress=False)
+    return model, root / "taesd", manifest
+
+
+def _call(fp, output_type: str, **extra):
+    prompts = ["a handwritten seven", "the digit 3"] if "prompt" not in extra else extra.pop("prompt")
+    return fp(prompt=prompts, num_inference_steps=3, output_type=output_type,
+              generator=torch.Generator().manual_seed(0), **extra)  # fmt: skip
+
+
+def test_training_lowers_the_loss_and_records_what_it_measured(trained):
+    _, out, manifest = trained
+    assert manifest["done"] and manifest["command"]["steps"] == 30
+    assert manifest["train"]["loss_last"] < 0.5 * manifest["train"]["loss_first"]
+    measured = manifest["measured"]
+    assert measured["test_images"] == 360 and np.isfinite(measured["psnr_db_vs_vae_decoder"])
+    assert measured["decoder_parameters"] < measured["vae_decoder_parameters"]
+    assert (out / "config.json").is_file() and json.loads((out / "fastdiff_distill.json").read_text())["done"]
+
+
+@pytest.mark.parametrize("kind", ["digits-sd", "digits-flow"])
+def test_images_are_the_tiny_decoders_decode_of_the_latents_and_remove_restores(trained, tmp_path, kind):
+    model, out, _ = trained
+    # digits-flow's VAE has digits-sd's weights, with shifted latents
+    path = model if kind == "digits-sd" else install(tmp_path / kind, kind)
+    fp = FastPipeline.from_pretrained(path)
+    fp.pipe.set_progress_bar_config(disable=True)
+    before = _call(fp, "pt").images
+    latents = _call(fp, "latent").images
+    handle = fp.accelerate(f"tiny-vae(path={out})")
+    fast = _call(fp, "pt").images
+    decoder = AutoencoderTiny.from_pretrained(out).decoder
+    with torch.no_grad():
+        expected = (decoder(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+    assert not torch.equal(fast, before)
+    handle.remove()
+    assert torch.equal(_call(fp, "pt").images, before)
+
+
+def test_bad_input_is_refused_before_anything_changes(trained, tmp_path):
+    model, out, _ = trained
+    fp = FastPipeline.from_pretrained(model)
+    with pytest.raises(AcceleratorError, match="missing 1 required positional argument: .path."):
+        fp.accelerate("tiny-vae")
+    with pytest.raises(AcceleratorError, match="no config.json"):
+        fp.accelerate(f"tiny-vae(path={tmp_path / 'missing'})")
+    vae = fp.pipe.vae
+    wrong = AutoencoderTiny(**{**tiny_config(vae, 8, 1), "latent_channels": 8})
+    wrong.save_pretrained(tmp_path / "wrong")
+    fits = r"does not fit this VAE.*\(8, 1, 2\) against the VAE's \(4, 1, 2\)"
+    with pytest.raises(AcceleratorError, match=fits):
+        fp.accelerate(f"tiny-vae(path={tmp_path / 'wrong'})")
+    with pytest.raises(AcceleratorError, match="vae-tiling"):
+        fp.accelerate(f"tiny-vae(path={out});vae-tiling")
+    assert not fp.accelerators
+    digits = FastPipeline.from_pretrained(install(tmp_path / "digits", "digits"))  # pixel space: no VAE
+    with pytest.raises(UnsupportedModelError, match="autoencoder is none"):
+        digits.accelerate(f"tiny-vae(path={out})")
+
+
+def test_the_command_line_trains_one_and_names_the_spec_to_use(trained, tmp_path, capsys):
+    from fastdiff.cli.main import main
+
+    model, _, _ = trained
+    main(["distill", "tiny-vae", str(model), str(tmp_path / "cli"), "--steps", "2", "--channels", "8"])
+    assert f"tiny-vae(path={(tmp_path / 'cli').resolve()})" in capsys.readouterr().out
+    assert AutoencoderTiny.from_pretrained(tmp_path / "cli").config.decoder_block_out_channels == [8, 8]
+
+
+def test_trainer_refuses_bad_input_before_training(trained, tmp_path):
+    model, out, _ = trained
+    with pytest.raises(DistillError, match="not a diffusers pipeline directory"):
+        tiny_vae(tmp_path, tmp_path / "o", steps=1, progress=False)
+    with pytest.raises(DistillError, match="no AutoencoderKL"):
+        tiny_vae(install(tmp_path / "digits", "digits"), tmp_path / "o", steps=1, progress=False)
+    with pytest.raises(DistillError, match=r"options that differ: steps \(saved 30, now 31\)"):
+        tiny_vae(model, out, steps=31, save_every=10, progress=False, resume=True)
+    with pytest.raises(DistillError, match="must be >= 1"):
+        tiny_vae(model, tmp_path / "o", steps=0, progress=False)
+    assert not (tmp_path / "o").exists()
