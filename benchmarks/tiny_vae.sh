@@ -17,7 +17,7 @@ if [ ! -f "$ROOT/taesd/config.json" ]; then
   cat "$ROOT/time-taesd.txt"
 fi
 tiny="tiny-vae(path=$ROOT/taesd)"
-$FD bench "$ROOT/digits-sd" --threads 1 --runs 3 --seed 1 --json "$OUT/tiny_vae_digits_sd.json" \
+$FD bench "$ROOT/digits-sd" --batch 500 --threads 1 --runs 3 --seed 1 --json "$OUT/tiny_vae_digits_sd.json" \
   --config "dpm++2m 20=scheduler(name=dpm++2m,steps=20)" \
   --config "dpm++2m 20 + tiny-vae=scheduler(name=dpm++2m,steps=20);$tiny" \
   --config "dpm++2m 4=scheduler(name=dpm++2m,steps=4)" \

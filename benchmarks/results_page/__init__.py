@@ -12,8 +12,7 @@ is shown). Other pages hold generated blocks between markers::
     <!-- results:end -->
 
 NAME is ``accelerators`` (the README's accelerator table), ``real-sizes`` (the README's full-size table) or the
-stem of a results file (that file's tables,
-as on the results page). Nothing in a generated part comes from anywhere but a results file: a figure whose
+stem of a results file (that file's tables, as on the results page). Nothing in a generated part comes from anywhere but a results file: a figure whose
 file is missing is left out (the accelerator table then says "not measured").
 
 The package: ``format`` (numbers and tables), ``generic`` (any results file as settings and tables),

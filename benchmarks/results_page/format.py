@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from statistics import median
 from typing import Any
 
 # -- numbers ---------------------------------------------------------------------------------------------
@@ -22,14 +21,6 @@ def fx(v: Any, nd: int = 2) -> str | None:
 def pct(v: Any, nd: int = 1) -> str | None:
     """A fraction as a percentage: 0.986 -> 98.6%."""
     return None if missing(v) else f"{100 * v:.{nd}f}%"
-
-
-def num(v: Any, nd: int = 2) -> str | None:
-    return None if missing(v) else f"{v:.{nd}f}"
-
-
-def sec(v: Any) -> str | None:
-    return None if missing(v) else (f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}")
 
 
 def db(v: Any) -> str | None:
@@ -57,18 +48,6 @@ def spread(row: dict, key: str) -> str | None:
         return fx(row[key])
     note = "" if verdict in (None, "baseline") else f", {verdict}"
     return f"{fx(row[key])} ({low:.2f}-{high:.2f}{note})"
-
-
-def over_floor(row: dict) -> str | None:
-    """FD / floor with its interval, where the row records it: 1.53 [0.95, 2.58]."""
-    if missing(row.get("fd_ratio")):
-        return None
-    return f"{row['fd_ratio']:.2f} [{row['fd_ratio_low']:.2f}, {row['fd_ratio_high']:.2f}]"
-
-
-def med(values: Any) -> float | None:
-    values = [v for v in values or [] if not missing(v)]
-    return median(values) if values else None
 
 
 # -- tables ----------------------------------------------------------------------------------------------

@@ -67,12 +67,6 @@ def h_promptcache(r):
     )
 
 
-def h_cfg_interval(r):
-    d = r["digits_sd"]["configs"]
-    base, c = d[0], find(d, "name", "cfg-interval 0.2-0.8")
-    return _compared(c, base, f"{fx(c['cpu_speedup'])} (window 0.2-0.8)", "digits-sd")
-
-
 def h_classifier_guidance(r):
     d = r["classifier_guidance"]
     c, u = find(d["sweep"], "name", "uncond cg4 [0.2,1.0)"), find(d["sweep"], "name", "uncond cg0")
@@ -82,12 +76,6 @@ def h_classifier_guidance(r):
         f"{pct(c['accuracy'])} / FD {c['fd']:.2f} from the unconditional model (unguided: {pct(u['accuracy'])})",
         "digits",
     )
-
-
-def h_tome(r):
-    d = r["digits_sd"]["configs"]
-    base, c = d[0], find(d, "name", "tome 0.5")
-    return _compared(c, base, f"{fx(c['cpu_speedup'])} (ratio 0.5)", "digits-sd")
 
 
 def h_quantize(r):
@@ -156,6 +144,14 @@ def h_vae_tiling(r):
     )
 
 
+def h_tiny_vae(r):
+    """digits-sd's whole calls (where it loses), and a one-step SD 1.5-size call (where it pays)."""
+    speed, quality, model = _pair(r, "tiny_vae_digits_sd", "dpm++2m 4 + tiny-vae", "dpm++2m 4", "digits-sd")
+    sd15 = {row["accelerators"] is not None: row["seconds"]["total"] for row in r["tiny_vae_split"]["models"]["sd15"]}  # fmt: skip
+    return (f"{speed} on digits-sd; {fx(sd15[False] / sd15[True])} on a one-step call at SD 1.5 size (TAESD's layout, "
+            "random weights: speed only)", quality, f"{model}; SD 1.5 size")  # fmt: skip
+
+
 def h_experts(r):
     return _vs_dpm(r, "experts 0.75", "(pruned model on 75% of the steps)", "full")
 
@@ -170,14 +166,6 @@ def h_student(r):
         f" vs the teacher's dpm++2m 10 (FD {best['fd']:.2f}, the fastest plain sampler at DDIM 50's quality)",
         "digits, guidance 2",
         "DDIM 50",
-    )
-
-
-def h_lcm_lora(r):
-    d = r["distill_g2"]["configs"]
-    base, c = d[0], find(d, "name", "LCM-LoRA 4")
-    return _compared(
-        c, base, f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (4 steps)", "digits, guidance 2", "DDIM 50"
     )
 
 
@@ -225,20 +213,23 @@ class Headline:
 
 def _pair(r, source: str, name: str, base_name: str, model: str) -> tuple[str, str, str]:
     """Config ``name`` of a ``fastdiff bench`` file against config ``base_name`` of the same run: the CPU-time
-    ratio of their medians, the range of the ratios of runs taken in the same round, "level" where runs overlap."""
+    ratio of their medians, the range of the ratios of runs taken in the same round, "level" where runs overlap
+    (files with fewer than 3 runs per config: their recorded ratio, no range)."""
     configs = r[source]["configs"]
     c, base = find(configs, "name", name), find(configs, "name", base_name)
-    mine, theirs = c["cpu_seconds"], base["cpu_seconds"]
-    paired = [b / m for b, m in zip(theirs, mine)]
-    overlap = min(mine) <= max(theirs) and min(theirs) <= max(mine)
-    verdict = "level" if overlap else ("faster" if max(mine) < min(theirs) else "slower")
-    row = {
-        "x": median(theirs) / median(mine),
-        "x_min": min(paired),
-        "x_max": max(paired),
-        "x_verdict": verdict,
-    }
-    return _compared(c, base, f"{spread(row, 'x')} vs {base_name}", model, base_name)
+    mine, theirs = c.get("cpu_seconds") or [], base.get("cpu_seconds") or []
+    row: dict = {"x": c["cpu_speedup"] / base["cpu_speedup"]}
+    if min(len(mine), len(theirs)) >= 3:
+        paired = [b / m for b, m in zip(theirs, mine)]
+        faster = "faster" if max(mine) < min(theirs) else "slower"
+        verdict = "level" if min(mine) <= max(theirs) and min(theirs) <= max(mine) else faster
+        row = {
+            "x": median(theirs) / median(mine),
+            "x_min": min(paired),
+            "x_max": max(paired),
+            "x_verdict": verdict,
+        }
+    return _compared(c, base, f"{spread(row, 'x')}, {name} vs {base_name}", model, base_name)
 
 
 def _figure(name: str | None) -> Callable[[dict], tuple[str, str, str]] | None:

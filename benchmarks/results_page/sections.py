@@ -1,4 +1,5 @@
-"""What each results file is (``sections.json``): its group on the results page, title, script and description."""
+"""What each results file is (``sections.json``): its group on the results page, title, script and description;
+and the page's opening paragraphs."""
 
 from __future__ import annotations
 
@@ -16,5 +17,6 @@ class Section:
 
 
 _DATA = json.loads((Path(__file__).with_name("sections.json")).read_text())
+INTRO: list[str] = _DATA["intro"]  # the results page's opening paragraphs
 GROUPS: list[str] = _DATA["groups"]
 SECTIONS: dict[str, Section] = {stem: Section(**entry) for stem, entry in _DATA["files"].items()}

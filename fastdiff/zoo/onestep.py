@@ -1,11 +1,17 @@
-"""One-step students of the shipped references, ready to try: ``fastdiff zoo build digits-onestep DIR``.
+"""One-step students of the shipped digits reference, ready to try: ``fastdiff zoo build digits-onestep DIR``.
 
-``bench`` installs the shipped student (sha256-checked, under a second): the DMD student of the digits
-reference at guidance 2 that ``benchmarks/onestep_digits.sh ROOT 2`` trained (progressive 16 -> 1, then 1,200
-``fastdiff distill dmd`` updates, the snapshot picked on seed 0). On report seed 1 it scores 100% / FD 28.22 at
-118x DDIM 50's CPU time, where DDIM 50 scores 100% / FD 17.59: a miss of the issue's FD target, measured in
-``benchmarks/results/onestep_g2.json``. ``test`` trains a small one here in about a minute (2 progressive updates
-from 2 steps to 1, then 4 DMD updates, batch 8): it runs, it is not good. Use a student on its teacher::
+``bench`` installs a shipped student (sha256-checked, under a second), both trained by
+``benchmarks/onestep_digits.sh`` (progressive 16 -> 1, then ``fastdiff distill dmd``, the snapshot picked on seed
+0) and measured on report seed 1:
+
+- ``digits-onestep``: guidance 2 (1,200 DMD updates). 100% / FD 28.22 at 118x DDIM 50's CPU time, where DDIM 50
+  scores 100% / FD 17.59: a miss of the FD target (``benchmarks/results/onestep_g2.json``).
+- ``digits-onestep-g1``: guidance 1 (1,250 updates with DMD's regression loss at 0.5, EMA weights, learning
+  rates 2e-5 / 4e-5). 98.8% / FD 4.71 at 49.9x, where DDIM 50 scores 99.0% / FD 4.55
+  (``benchmarks/results/onestep_g1_reg-hi.json``).
+
+``test`` trains a small one here in about a minute (2 progressive updates from 2 steps to 1, then 4 DMD updates,
+batch 8): it runs, it is not good. Use a student on its teacher::
 
     fastdiff zoo build digits T --size bench
     fastdiff zoo build digits-onestep S --size bench
@@ -15,6 +21,7 @@ from 2 steps to 1, then 4 DMD updates, batch 8): it runs, it is not good. Use a 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,8 +32,8 @@ SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}, "bench": 
 
 
 def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2, dmd_steps: int = 4,
-                  batch: int = 8) -> Path:  # fmt: skip
-    """A small one-step digits student at guidance 2 in ``out_dir`` (teacher: the shipped digits reference)."""
+                  batch: int = 8, guidance: float = 2.0) -> Path:  # fmt: skip
+    """A small one-step digits student at ``guidance`` in ``out_dir`` (teacher: the shipped digits reference)."""
     from fastdiff.distill.dmd import dmd
     from fastdiff.distill.progressive import progressive
     from fastdiff.zoo.shipped import install_digits
@@ -35,25 +42,37 @@ def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2
     with tempfile.TemporaryDirectory(prefix="fastdiff-onestep-") as work:
         teacher = install_digits(Path(work) / "digits")
         progressive(teacher, Path(work) / "prog", start=2, end=1, steps_per_round=progressive_steps, batch=batch,
-                    guidance=2.0, seed=seed, progress=False)  # fmt: skip
-        dmd(teacher, Path(work) / "dmd", init=Path(work) / "prog" / "steps-1", guidance=2.0, train_steps=dmd_steps,
-            batch=batch, seed=seed, progress=False)  # fmt: skip
+                    guidance=guidance, seed=seed, progress=False)  # fmt: skip
+        dmd(teacher, Path(work) / "dmd", init=Path(work) / "prog" / "steps-1", guidance=guidance,
+            train_steps=dmd_steps, batch=batch, seed=seed, progress=False)  # fmt: skip
         shutil.copytree(Path(work) / "dmd" / "steps-1", out, dirs_exist_ok=True)
     return out
 
 
-def _bench_is_shipped(out_dir, seed: int = 0) -> None:
-    from fastdiff.zoo.shipped import BUILD_COMMAND_ONESTEP
+def _bench_is_shipped(model: str, out_dir, seed: int = 0) -> None:
+    from fastdiff.zoo.shipped import shipped_models
 
     raise ValueError(
-        f"digits-onestep's bench build is shipped for seed 0 only; seed {seed} is trained by "
-        f"`{BUILD_COMMAND_ONESTEP}` (about an hour on 2 CPU cores)"
+        f"{model}'s bench build is shipped for seed 0 only; seed {seed} is trained by "
+        f"`{shipped_models()[model][2]}` (about an hour on 2 CPU cores)"
     )
+
+
+def _build(model: str, guidance: float, out_dir: Path, size: str, seed: int) -> None:
+    from fastdiff.zoo.shipped import install_or_train
+
+    if size == "bench":
+        train = functools.partial(_bench_is_shipped, model)
+    else:
+        train = functools.partial(train_onestep, guidance=guidance)
+    install_or_train(model, out_dir, size, seed, False, SIZES, train)
 
 
 @register_model("digits-onestep", sizes=tuple(SIZES))
 def build_digits_onestep(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
-    from fastdiff.zoo.shipped import install_or_train
+    _build("digits-onestep", 2.0, out_dir, size, seed)
 
-    train = _bench_is_shipped if size == "bench" else train_onestep
-    install_or_train("digits-onestep", out_dir, size, seed, False, SIZES, train)
+
+@register_model("digits-onestep-g1", sizes=tuple(SIZES))
+def build_digits_onestep_g1(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
+    _build("digits-onestep-g1", 1.0, out_dir, size, seed)

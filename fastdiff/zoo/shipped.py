@@ -1,5 +1,5 @@
 """The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits, and digits' one-step
-student digits-onestep), checked by sha256 before every use.
+students digits-onestep and digits-onestep-g1), checked by sha256 before every use.
 
 ``DATA_ROOT / "digits"`` (the fastdiff-accel-references distribution: ``pip install "fastdiff-accel[zoo]"``,
 or ``references/`` in a clone) holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
@@ -204,6 +204,28 @@ SHIPPED_ONESTEP: dict[str, tuple[int, str]] = {
 }
 
 
+DATA_DIR_ONESTEP_G1 = DATA_DIR.parent / "digits-onestep-g1"
+BUILD_COMMAND_ONESTEP_G1 = (
+    'VARIANT=reg-hi VARIANT_ARGS="--regression 0.5 --ema-decay 0.99 --lr 2e-5 --fake-lr 4e-5" DMD_STEPS=1250 '
+    "bash benchmarks/onestep_digits.sh ROOT 1, then ROOT/dmd-reg-hi-g1/steps-1"
+)
+# its one-step DMD student at guidance 1 (benchmarks/results/onestep_g1_reg-hi.json)
+SHIPPED_ONESTEP_G1: dict[str, tuple[int, str]] = {
+    "model_index.json": (244, "0c49813e7280a56b1d3229b950f7248fabf8cf1d7aa177177c90409e3a0a0f4e"),
+    "scheduler/scheduler_config.json": (
+        498,
+        "e9430974067d75efebc66ca23b0d2cb5c90e35048f3db53fdb743c96484071d1",
+    ),
+    "unet/config.json": (1047, "3abab75888bbfb873e619dc211cd0e7c584d66ae35157e14064bea0fc2959adc"),
+    "unet/diffusion_pytorch_model.safetensors": (
+        4679708,
+        "37c723620f92baa2663c5f07bc5ff2a5ce80d3012c56b744eb3b1571924d81ed",
+    ),
+    "fastdiff_distill.json": (7961, "e7d6b7e44020d43fc90ca65444ca8d7698448e72f71965afdeb2aded57a7e350"),
+    "loss.csv": (36559, "fab3ef5a8bc026cf12a7274f86926cf5a011a9b7b438feb5d2447e069fe906a3"),
+}
+
+
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
     """name -> (data folder, its table, the command that rebuilds it)."""
     return {
@@ -212,6 +234,7 @@ def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
         "digits-flow": (DATA_DIR_FLOW, SHIPPED_FLOW, BUILD_COMMAND_FLOW),
         "moving-digits": (DATA_DIR_VIDEO, SHIPPED_VIDEO, BUILD_COMMAND_VIDEO),
         "digits-onestep": (DATA_DIR_ONESTEP, SHIPPED_ONESTEP, BUILD_COMMAND_ONESTEP),
+        "digits-onestep-g1": (DATA_DIR_ONESTEP_G1, SHIPPED_ONESTEP_G1, BUILD_COMMAND_ONESTEP_G1),
     }
 
 
@@ -307,7 +330,7 @@ def verify_digits(directory: str | Path) -> Path:
 
 SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
 # models installed with SD_EVAL_FILES
-SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits", "digits-onestep")
+SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits", "digits-onestep", "digits-onestep-g1")
 
 
 def is_installed(directory: str | Path, model: str = "digits") -> bool:
@@ -404,7 +427,8 @@ def ensure_digits(directory: str | Path) -> Path:
 __all__ = [
     "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "DATA_DIR_VIDEO", "DATA_DIR_ONESTEP", "BUILD_COMMAND",
     "BUILD_COMMAND_SD", "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "BUILD_COMMAND_ONESTEP", "SHIPPED",
-    "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO", "SHIPPED_ONESTEP",
+    "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO", "SHIPPED_ONESTEP", "DATA_DIR_ONESTEP_G1", "BUILD_COMMAND_ONESTEP_G1",
+    "SHIPPED_ONESTEP_G1",
     "ShippedModelError",
     "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
     "install", "install_or_train", "install_digits", "ensure_digits",

@@ -46,6 +46,7 @@ ARTIFACT_SPECS = {
     "lcm-lora": f"lcm-lora(path={MISSING})",
     "timesteps": f"timesteps(path={MISSING}.json)",
     "classifier-guidance": f"classifier-guidance(path={MISSING})",
+    "tiny-vae": f"tiny-vae(path={MISSING})",
     **{f"parallel-{m}": f"parallel(mode={m})" for m in ParallelConfig.variants},
 }
 CELLS = [
