@@ -219,7 +219,7 @@ def _pair(r, source: str, name: str, base_name: str, model: str) -> tuple[str, s
     c, base = find(configs, "name", name), find(configs, "name", base_name)
     mine, theirs = c.get("cpu_seconds") or [], base.get("cpu_seconds") or []
     row: dict = {"x": c["cpu_speedup"] / base["cpu_speedup"]}
-    if min(len(mine), len(theirs)) >= 3:
+    if min(len(mine), len(theirs)) >= 3:  # fastdiff.eval.bench.ratio_spread's rule; the page imports no torch
         paired = [b / m for b, m in zip(theirs, mine)]
         faster = "faster" if max(mine) < min(theirs) else "slower"
         verdict = "level" if min(mine) <= max(theirs) and min(theirs) <= max(mine) else faster

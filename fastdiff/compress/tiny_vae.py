@@ -88,6 +88,9 @@ class _TinyDecode(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         z = args[0] if args else kwargs["z"]
+        # the pipeline may have upcast its VAE since apply (SDXL's force_upcast)
+        if next(self.decoder.parameters()).dtype != z.dtype:
+            self.decoder.to(z.dtype)
         return self.decoder((z - self.shift) * self.scale)
 
 
