@@ -70,6 +70,7 @@ def pick_snapshot(teacher_dir, snapshots: Sequence[Path], scheduler, selection_s
     from tqdm.auto import tqdm
 
     from fastdiff.core.pipeline import FastPipeline
+    from fastdiff.core.tensors import pixels
     from fastdiff.eval import quality_for
     from fastdiff.eval.bench import make_inputs
     from fastdiff.eval.select import select_then_report
@@ -94,7 +95,7 @@ def pick_snapshot(teacher_dir, snapshots: Sequence[Path], scheduler, selection_s
         with torch.no_grad():
             fp.denoiser.load_state_dict(load_file(by_name[name]))
         out = fp(**call, generator=torch.Generator().manual_seed(seed))
-        row = {"snapshot": name, "seed": seed, **evaluator(fp.pipe, call, np.asarray(out.images), seed)}
+        row = {"snapshot": name, "seed": seed, **evaluator(fp.pipe, call, np.asarray(pixels(out)), seed)}
         bar.update()
         return row
 

@@ -62,6 +62,7 @@ def validate_student(
 ) -> dict:
     """Measure the student at each of ``steps`` on ``seed``; write ``measured`` and ``validated``; return them."""
     from fastdiff.core.pipeline import FastPipeline
+    from fastdiff.core.tensors import pixels
     from fastdiff.distill.common import MANIFEST, load_student
     from fastdiff.eval import quality_for
     from fastdiff.eval.bench import make_inputs
@@ -90,7 +91,7 @@ def validate_student(
             else None
         )
         try:
-            out = fp(**call, num_inference_steps=n, generator=torch.Generator().manual_seed(seed)).images
+            out = pixels(fp(**call, num_inference_steps=n, generator=torch.Generator().manual_seed(seed)))
         finally:
             if handle is not None:
                 handle.remove()

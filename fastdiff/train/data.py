@@ -145,15 +145,16 @@ class FlowBatches:
 
     def __init__(self, fp, batch: int, pool: int, guidance: float, steps: int, seed: int = 0):
         from fastdiff.core.inputs import make_inputs
+        from fastdiff.core.tensors import pixels
 
         self.size = batch
         self.key, _, self.cond, self.uncond = conditioning(fp, pool, seed)
         kwargs = make_inputs(fp.pipe, pool, guidance if pipeline_facts(fp.pipe).cfg_layout else None)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            self.x0 = fp(
-                **kwargs, num_inference_steps=steps, output_type="latent", generator=generator
-            ).images
+            self.x0 = pixels(
+                fp(**kwargs, num_inference_steps=steps, output_type="latent", generator=generator)
+            )
         if self.x0.shape[0] != pool or not torch.isfinite(self.x0).all():
             raise TrainingInputError(
                 f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite"

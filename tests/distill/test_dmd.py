@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fastdiff.cli.main import main
+from fastdiff.core.inputs import make_inputs
 from fastdiff.distill.common import (
     MANIFEST,
     DistillError,
@@ -242,6 +243,27 @@ def test_a_flow_teacher_gives_a_one_step_flow_student(tmp_path):
         generator=torch.Generator().manual_seed(0),
     )
     assert np.array_equal(before.images, after.images)
+
+
+def test_a_video_teacher_gives_a_one_step_student_picked_on_frames(tmp_path):
+    from fastdiff import FastPipeline
+
+    # moving-digits is a WanPipeline: its calls return .frames, and its snapshots are scored as clips
+    teacher = build("moving-digits", tmp_path / "md", size="test")
+    dmd(teacher, tmp_path / "s", train_steps=1, regression=0.5, pairs=2, pair_steps=2, snapshot_every=1,
+        selection_seeds=(0,), report_seeds=(1,), pick_images=2, **TINY)  # fmt: skip
+    info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
+    assert info["selection"]["candidates"] == ["step-000000", "step-000001"]
+    assert info["selection"]["report"] and info["selection"]["choice"] in info["selection"]["candidates"]
+    fp = FastPipeline.from_pretrained(teacher)
+    fp.pipe.set_progress_bar_config(disable=True)
+    call = dict(make_inputs(fp.pipe, 2), output_type="np", num_inference_steps=2)  # the model's clip size
+    before = fp(**call, generator=torch.Generator().manual_seed(0)).frames
+    handle = fp.accelerate(f"student(path={tmp_path / 's' / 'steps-1'})")
+    frames = fp(**dict(call, guidance_scale=1.0, num_inference_steps=1)).frames
+    assert fp.context.nfe == 1 and frames.shape == before.shape and np.isfinite(frames).all()
+    handle.remove()
+    assert np.array_equal(before, fp(**call, generator=torch.Generator().manual_seed(0)).frames)
 
 
 def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):

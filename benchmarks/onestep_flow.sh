@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A one-step student of digits-flow (SD3 pipeline) at its default guidance 1.5 by distribution matching
+# (fastdiff distill dmd), beside the teacher and the progressive 1-step student it starts from.
+# Usage: benchmarks/onestep_flow.sh [ROOT]   (default /tmp/fastdiff-onestep-flow)
+# 1. progressive flow Euler 16 -> 1 (guidance baked in; as benchmarks/flow_student.sh, on to one step);
+# 2. DMD from its 1-step student ($DMD_STEPS updates, default 600, batch 16, 5 fake-score updates each, the
+#    digits guidance-1 recipe: regression 0.5 on teacher flow-Euler-28 pairs, EMA 0.99), snapshots every 100
+#    picked on seed 0 (500 images) and reported on seed 1;
+# 3. quality: one `fastdiff bench` run on report seed 1, 500 images in one call per config (the teacher's 28
+#    guided steps cost about 15 minutes at this size), one round, no warm-up -> onestep_flow_quality.json;
+# 4. speed: one `fastdiff bench` run at 64 images per call, 3 alternating rounds after a warm-up, one thread,
+#    no quality -> onestep_flow_speed.json. Both runs hold every config.
+# Training wall time and peak memory: /usr/bin/time lines in ROOT/time-*.txt and each fastdiff_distill.json.
+# Re-running resumes unfinished training and skips finished steps.
+set -euo pipefail
+ROOT=${1:-/tmp/fastdiff-onestep-flow}
+FD=${FASTDIFF:-fastdiff}
+OUT=$(dirname "$0")/results
+STEPS=${DMD_STEPS:-600}
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+mkdir -p "$ROOT"
+TEACHER="$ROOT/digits-flow"
+[ -f "$TEACHER/model_index.json" ] || $FD zoo build digits-flow "$TEACHER" --size bench
+done_run() { [ -f "$1/fastdiff_distill.json" ] && grep -q '"done": true' "$1/fastdiff_distill.json"; }
+run() {  # run NAME CMD...: skip a finished run, resume an interrupted one
+  local name=$1; shift
+  if done_run "$ROOT/$name"; then echo "== $name: done"; return; fi
+  local resume=""; [ -d "$ROOT/$name" ] && resume="--resume"
+  echo "== $name $(date +%T)"
+  /usr/bin/time -o "$ROOT/time-$name.txt" -f "$name: %e s wall, peak RSS %M KiB" "$@" $resume
+  cat "$ROOT/time-$name.txt"
+}
+run progressive $FD distill progressive "$TEACHER" "$ROOT/progressive" --from 16 --to 1 --guidance 1.5 \
+  --steps-per-round 150 --batch 8 --pool 128 --save-every 100
+run dmd $FD distill dmd "$TEACHER" "$ROOT/dmd" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
+  --train-steps "$STEPS" --batch 16 --fake-updates 5 --lr 2e-5 --fake-lr 4e-5 --regression 0.5 \
+  --pair-steps 28 --ema-decay 0.99 --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
+configs=(
+  --config "teacher flow-euler 28=scheduler(name=flow-euler,steps=28)"
+  --config "teacher flow-euler 4=scheduler(name=flow-euler,steps=4)"
+  --config "progressive 1=student(path=$ROOT/progressive/steps-1)"
+  --config "dmd 1=student(path=$ROOT/dmd/steps-1)"
+)
+[ -f "$ROOT/quality.done" ] || {
+  $FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 1 --no-warmup --seed 1 --batch 500 \
+    --json "$OUT/onestep_flow_quality.json" "${configs[@]}"
+  touch "$ROOT/quality.done"
+}
+$FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 3 --seed 1 --batch 64 --no-quality \
+  --json "$OUT/onestep_flow_speed.json" "${configs[@]}"
