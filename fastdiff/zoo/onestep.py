@@ -1,14 +1,17 @@
-"""One-step students of the shipped digits reference, ready to try: ``fastdiff zoo build digits-onestep DIR``.
+"""One-step students of the shipped references, ready to try: ``fastdiff zoo build digits-onestep DIR``.
 
-``bench`` installs a shipped student (sha256-checked, under a second), both trained by
+``bench`` installs a shipped student (sha256-checked, under a second). The digits ones were trained by
 ``benchmarks/onestep_digits.sh`` (progressive 16 -> 1, then ``fastdiff distill dmd``, the snapshot picked on seed
-0) and measured on report seed 1:
+0); every one is measured on report seed 1:
 
 - ``digits-onestep``: guidance 2 (1,200 DMD updates). 100% / FD 28.22 at 118x DDIM 50's CPU time, where DDIM 50
   scores 100% / FD 17.59: a miss of the FD target (``benchmarks/results/onestep_g2.json``).
 - ``digits-onestep-g1``: guidance 1 (1,250 updates with DMD's regression loss at 0.5, EMA weights, learning
   rates 2e-5 / 4e-5). 98.8% / FD 4.71 at 49.9x, where DDIM 50 scores 99.0% / FD 4.55
   (``benchmarks/results/onestep_g1_reg-hi.json``).
+- ``digits-flow-onestep``: digits-flow (SD3 pipeline) at its default guidance 1.5, by ``benchmarks/onestep_flow.sh``
+  (progressive flow Euler 16 -> 1, then 600 DMD updates with the regression loss at 0.5 and EMA weights); its
+  figures: ``benchmarks/results/onestep_flow_quality.json`` and ``onestep_flow_speed.json``.
 
 ``test`` trains a small one here in about a minute (2 progressive updates from 2 steps to 1, then 4 DMD updates,
 batch 8): it runs, it is not good. Use a student on its teacher::
@@ -49,6 +52,20 @@ def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2
     return out
 
 
+def train_flow_onestep(out_dir: str | Path, seed: int = 0, dmd_steps: int = 4, batch: int = 8, **_) -> Path:
+    """A small one-step student of a test-size digits-flow built here (its teacher), at guidance 1.5."""
+    from fastdiff.distill.dmd import dmd
+    from fastdiff.zoo import build
+
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="fastdiff-flow-onestep-") as work:
+        teacher = build("digits-flow", Path(work) / "digits-flow", size="test", seed=seed)
+        dmd(teacher, Path(work) / "dmd", guidance=1.5, train_steps=dmd_steps, batch=batch, seed=seed,
+            progress=False)  # fmt: skip
+        shutil.copytree(Path(work) / "dmd" / "steps-1", out, dirs_exist_ok=True)
+    return out
+
+
 def _bench_is_shipped(model: str, out_dir, seed: int = 0) -> None:
     from fastdiff.zoo.shipped import shipped_models
 
@@ -63,6 +80,8 @@ def _build(model: str, guidance: float, out_dir: Path, size: str, seed: int) -> 
 
     if size == "bench":
         train = functools.partial(_bench_is_shipped, model)
+    elif model == "digits-flow-onestep":
+        train = train_flow_onestep
     else:
         train = functools.partial(train_onestep, guidance=guidance)
     install_or_train(model, out_dir, size, seed, False, SIZES, train)
@@ -76,3 +95,8 @@ def build_digits_onestep(out_dir: Path, size: str = "bench", seed: int = 0) -> N
 @register_model("digits-onestep-g1", sizes=tuple(SIZES))
 def build_digits_onestep_g1(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
     _build("digits-onestep-g1", 1.0, out_dir, size, seed)
+
+
+@register_model("digits-flow-onestep", sizes=tuple(SIZES))
+def build_digits_flow_onestep(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
+    _build("digits-flow-onestep", 1.5, out_dir, size, seed)

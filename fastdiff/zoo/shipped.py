@@ -1,5 +1,5 @@
 """The reference models shipped with the package (digits, digits-sd, digits-flow, moving-digits, and digits' one-step
-students digits-onestep and digits-onestep-g1), checked by sha256 before every use.
+students digits-onestep, digits-onestep-g1 and digits-flow-onestep), checked by sha256 before every use.
 
 ``DATA_ROOT / "digits"`` (the fastdiff-accel-references distribution: ``pip install "fastdiff-accel[zoo]"``,
 or ``references/`` in a clone) holds one build of ``fastdiff reference build DIR --steps 3000 --seed 0``
@@ -25,8 +25,10 @@ import shutil
 from pathlib import Path
 
 from fastdiff.zoo.shipped_onestep import (
+    BUILD_COMMAND_FLOW_ONESTEP,
     BUILD_COMMAND_ONESTEP,
     BUILD_COMMAND_ONESTEP_G1,
+    SHIPPED_FLOW_ONESTEP,
     SHIPPED_ONESTEP,
     SHIPPED_ONESTEP_G1,
 )
@@ -193,6 +195,7 @@ SHIPPED_VIDEO: dict[str, tuple[int, str]] = {
 
 DATA_DIR_ONESTEP = DATA_DIR.parent / "digits-onestep"
 DATA_DIR_ONESTEP_G1 = DATA_DIR.parent / "digits-onestep-g1"
+DATA_DIR_FLOW_ONESTEP = DATA_DIR.parent / "digits-flow-onestep"
 
 
 def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
@@ -204,6 +207,7 @@ def shipped_models() -> dict[str, tuple[Path, dict[str, tuple[int, str]], str]]:
         "moving-digits": (DATA_DIR_VIDEO, SHIPPED_VIDEO, BUILD_COMMAND_VIDEO),
         "digits-onestep": (DATA_DIR_ONESTEP, SHIPPED_ONESTEP, BUILD_COMMAND_ONESTEP),
         "digits-onestep-g1": (DATA_DIR_ONESTEP_G1, SHIPPED_ONESTEP_G1, BUILD_COMMAND_ONESTEP_G1),
+        "digits-flow-onestep": (DATA_DIR_FLOW_ONESTEP, SHIPPED_FLOW_ONESTEP, BUILD_COMMAND_FLOW_ONESTEP),
     }
 
 
@@ -299,7 +303,14 @@ def verify_digits(directory: str | Path) -> Path:
 
 SD_EVAL_FILES = ("eval/classifier.pt", "eval/split.npz")  # digits-sd is scored like the digits reference
 # models installed with SD_EVAL_FILES
-SCORED_LIKE_DIGITS = ("digits-sd", "digits-flow", "moving-digits", "digits-onestep", "digits-onestep-g1")
+SCORED_LIKE_DIGITS = (
+    "digits-sd",
+    "digits-flow",
+    "moving-digits",
+    "digits-onestep",
+    "digits-onestep-g1",
+    "digits-flow-onestep",
+)
 
 
 def is_installed(directory: str | Path, model: str = "digits") -> bool:

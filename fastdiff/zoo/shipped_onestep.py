@@ -41,3 +41,22 @@ SHIPPED_ONESTEP_G1: dict[str, tuple[int, str]] = {
     "fastdiff_distill.json": (7961, "e7d6b7e44020d43fc90ca65444ca8d7698448e72f71965afdeb2aded57a7e350"),
     "loss.csv": (36559, "fab3ef5a8bc026cf12a7274f86926cf5a011a9b7b438feb5d2447e069fe906a3"),
 }
+
+
+BUILD_COMMAND_FLOW_ONESTEP = "bash benchmarks/onestep_flow.sh ROOT, then ROOT/dmd/steps-1"
+# the one-step DMD student of digits-flow at guidance 1.5 (benchmarks/results/onestep_flow_quality.json and
+# onestep_flow_speed.json): its transformer and scheduler, used on digits-flow as student(path=DIR,steps=1)
+SHIPPED_FLOW_ONESTEP: dict[str, tuple[int, str]] = {
+    "model_index.json": (811, "e18c020378a4e6b1de36e96a1b9dc2316f323d0e282dbff4a39c8a792b4642d6"),
+    "scheduler/scheduler_config.json": (
+        482,
+        "b551508c7fc8a1b675c87458fcb5ea64d2b1e3e8492e765f2db8c71f67c7b0c9",
+    ),
+    "transformer/config.json": (475, "08765fa6479f8d9cd1bc8735016853eb9cf2dc7c73ba54cc6cbb6cef173d1d54"),
+    "transformer/diffusion_pytorch_model.safetensors": (
+        13963208,
+        "6ca34e13d7ed15c38230e23bc9e8a36c5da1f274f5318fab9bba9faf8ac7bf8b",
+    ),
+    "fastdiff_distill.json": (5119, "037bfe5c3d1f92cf896f3496c0c62257ffde9394a45d7078ea89f8e890221bd0"),
+    "loss.csv": (17070, "808b10f58c2555c974933183f78a341f1127c042b8b2ace888de931a2f82edb1"),
+}

@@ -278,11 +278,18 @@ def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):
     images = fp(class_labels=[0, 9], guidance_scale=2.0, output_type="np").images
     assert fp.context.nfe == 1 and images.shape[0] == 2
     handle.remove()
+    flow = build("digits-flow-onestep", tmp_path / "flow-onestep", size="test")  # from a test-size digits-flow
+    assert json.loads((flow / MANIFEST).read_text())["guidance_baked_in"] == 1.5
+    assert (flow / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("model, guidance", [("digits-onestep", 2.0), ("digits-onestep-g1", 1.0)])
+@pytest.mark.parametrize(
+    "model, teacher_name, guidance, script",
+    [("digits-onestep", "digits", 2.0, "onestep_digits"), ("digits-onestep-g1", "digits", 1.0, "onestep_digits"),
+     ("digits-flow-onestep", "digits-flow", 1.5, "onestep_flow")],
+)  # fmt: skip
 def test_the_shipped_one_step_students_install_checked_and_sample_digits_in_one_call(
-    tmp_path, model, guidance
+    tmp_path, model, teacher_name, guidance, script
 ):
     from fastdiff import FastPipeline
     from fastdiff.eval.quality import accuracy, load_reference_eval
@@ -291,22 +298,23 @@ def test_the_shipped_one_step_students_install_checked_and_sample_digits_in_one_
     data, table, _ = shipped_models()[model]
     assert shipped_table(data, model) == table
     student = build(model, tmp_path / "onestep", size="bench")
-    teacher = build("digits", tmp_path / "digits", size="bench")
+    teacher = build(teacher_name, tmp_path / teacher_name, size="bench")
     info = json.loads((student / MANIFEST).read_text())
     assert info["validated"] == [1] and info["measured"]["1"]["seed"] == 1
     assert info["guidance_baked_in"] == guidance
     fp = FastPipeline.from_pretrained(teacher)
     fp.pipe.set_progress_bar_config(disable=True)
     fp.accelerate(f"student(path={student},steps=1)")
-    labels = list(range(10)) * 5
-    images = fp(class_labels=labels, guidance_scale=guidance, output_type="np",
-                generator=torch.Generator().manual_seed(1)).images  # fmt: skip
+    call = make_inputs(fp.pipe, 50, guidance)  # labels, or the model's prompts, naming digits 0-9 in turn
+    labels = [i % 10 for i in range(50)]
+    images = fp(**call, output_type="np", generator=torch.Generator().manual_seed(1)).images
     assert fp.context.nfe == 1
     # 50 images: the students' 98.8-100% on 500 leave room for a miss or two, not for a broken install
     assert accuracy(images, labels, load_reference_eval(teacher).classifier) >= 0.9
-    with pytest.raises(ValueError, match="seed 3 is trained by `.*bash benchmarks/onestep_digits.sh"):
+    with pytest.raises(ValueError, match=f"seed 3 is trained by `.*bash benchmarks/{script}.sh"):
         build(model, tmp_path / "other", size="bench", seed=3)
-    (student / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"broken")
+    weights = next(student.glob("*/diffusion_pytorch_model.safetensors"))
+    weights.write_bytes(b"broken")
     with pytest.raises(ShippedModelError, match="diffusion_pytorch_model.safetensors"):
         install(tmp_path / "again", model, source=student)
 
