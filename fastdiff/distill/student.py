@@ -148,8 +148,10 @@ class Student(DistilledAccelerator):
 
 
 def conditional_only(fp, baked: float) -> list[Handle]:
-    """For a student with guidance ``baked`` > 1 in it: on CFG pipelines run only the conditional half."""
-    if baked <= 1 or "cond" not in pipeline_facts(fp.pipe).cfg_layout:
+    """For a student with guidance ``baked`` > 1 in it: on CFG pipelines run only the conditional branch (the
+    conditional half of a batched call; a separate unconditional call returns the conditional output, uncomputed)."""
+    facts = pipeline_facts(fp.pipe)
+    if baked <= 1 or "cond" not in (facts.cfg_layout or facts.cfg_sequence):
         return []
     from fastdiff.guidance.interval import CFGIntervalHook
 

@@ -250,8 +250,8 @@ def test_a_video_teacher_gives_a_one_step_student_picked_on_frames(tmp_path):
 
     # moving-digits is a WanPipeline: its calls return .frames, and its snapshots are scored as clips
     teacher = build("moving-digits", tmp_path / "md", size="test")
-    dmd(teacher, tmp_path / "s", train_steps=1, regression=0.5, pairs=2, pair_steps=2, snapshot_every=1,
-        selection_seeds=(0,), report_seeds=(1,), pick_images=2, **TINY)  # fmt: skip
+    dmd(teacher, tmp_path / "s", guidance=1.5, train_steps=1, regression=0.5, pairs=2, pair_steps=2,
+        snapshot_every=1, selection_seeds=(0,), report_seeds=(1,), pick_images=2, **TINY)  # fmt: skip
     info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
     assert info["selection"]["candidates"] == ["step-000000", "step-000001"]
     assert info["selection"]["report"] and info["selection"]["choice"] in info["selection"]["candidates"]
@@ -260,8 +260,12 @@ def test_a_video_teacher_gives_a_one_step_student_picked_on_frames(tmp_path):
     call = dict(make_inputs(fp.pipe, 2), output_type="np", num_inference_steps=2)  # the model's clip size
     before = fp(**call, generator=torch.Generator().manual_seed(0)).frames
     handle = fp.accelerate(f"student(path={tmp_path / 's' / 'steps-1'})")
-    frames = fp(**dict(call, guidance_scale=1.0, num_inference_steps=1)).frames
+    seeded = dict(call, num_inference_steps=1, generator=torch.Generator().manual_seed(0))
+    frames = fp(**dict(seeded, guidance_scale=1.0)).frames
     assert fp.context.nfe == 1 and frames.shape == before.shape and np.isfinite(frames).all()
+    # guidance 1.5 is baked in: Wan's separate unconditional call must not guide the student again
+    guided = fp(**dict(seeded, guidance_scale=1.5, generator=torch.Generator().manual_seed(0))).frames
+    assert np.array_equal(guided, frames)
     handle.remove()
     assert np.array_equal(before, fp(**call, generator=torch.Generator().manual_seed(0)).frames)
 
@@ -278,7 +282,9 @@ def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):
     images = fp(class_labels=[0, 9], guidance_scale=2.0, output_type="np").images
     assert fp.context.nfe == 1 and images.shape[0] == 2
     handle.remove()
-    flow = build("digits-flow-onestep", tmp_path / "flow-onestep", size="test")  # from a test-size digits-flow
+    flow = build(
+        "digits-flow-onestep", tmp_path / "flow-onestep", size="test"
+    )  # from a test-size digits-flow
     assert json.loads((flow / MANIFEST).read_text())["guidance_baked_in"] == 1.5
     assert (flow / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
 
