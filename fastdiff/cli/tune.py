@@ -103,8 +103,7 @@ def run(args) -> dict:
     )
     best = result["best"]
     if best is None:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        _write(args.out, result)
         raise SystemExit(
             f"error: no measured setting meets {', '.join(result['budgets'])}, not even the baseline "
             f"{result['baseline']['spec']}; measurements are in {args.out}"
@@ -120,8 +119,7 @@ def run(args) -> dict:
             "best_speedup_cpu": {n: rows[n]["cpu_seconds_median"] / rows["best"]["cpu_seconds_median"] for n in rows},
             "best_speedup_wall": {n: rows[n]["seconds_median"] / rows["best"]["seconds_median"] for n in rows},
         }  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    _write(args.out, result)
     print(format_result(result))
     print(
         f"wrote {args.out}; load it with FastPipeline.from_pretrained({str(model)!r}, accelerators={best['spec']!r})"
@@ -191,3 +189,11 @@ def _quality(row: dict) -> str:
         if row.get(key) is not None:
             parts.append(f"{key} " + fmt.format(row[key]))
     return ", ".join(parts)
+
+
+def _write(path: str, result: dict) -> None:
+    """The result JSON with this run's provenance (commit, date, device, load; the command the result holds)."""
+    from fastdiff.eval.provenance import with_provenance
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(with_provenance(result), indent=1, default=str))

@@ -221,6 +221,7 @@ def test_cli(digits, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["best"]["spec"] in ("scheduler(name=unipc,steps=3)", result["baseline"]["spec"])
     assert result["seeds"] == {"selection": 0, "report": 5}
+    assert {"commit", "date", "device", "load"} <= set(result)  # provenance beside the search
     assert result["report"]["best"]["spec"] == result["best"]["spec"]
     printed = capsys.readouterr().out
     assert "best:" in printed and "selected on seed 0, reported on seed 5" in printed
