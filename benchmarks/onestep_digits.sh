@@ -20,15 +20,8 @@ STEPS=${DMD_STEPS:-1200}
 mkdir -p "$ROOT"
 TEACHER="$ROOT/digits"
 [ -f "$TEACHER/model_index.json" ] || $FD zoo build digits "$TEACHER" --size bench
-done_run() { [ -f "$1/fastdiff_distill.json" ] && grep -q '"done": true' "$1/fastdiff_distill.json"; }
-run() {  # run NAME CMD...: skip a finished run, resume an interrupted one
-  local name=$1; shift
-  if done_run "$ROOT/$name"; then echo "== $name: done"; return; fi
-  local resume=""; [ -d "$ROOT/$name" ] && resume="--resume"
-  echo "== $name $(date +%T)"
-  /usr/bin/time -o "$ROOT/time-$name.txt" -f "$name: %e s wall, peak RSS %M KiB" "$@" $resume
-  cat "$ROOT/time-$name.txt"
-}
+# shellcheck source=benchmarks/onestep_runs.sh
+. "$(dirname "$0")/onestep_runs.sh"
 for g in $GUIDANCES; do
   tag="g${g%.*}"
   run "progressive-$tag" $FD distill progressive "$TEACHER" "$ROOT/progressive-$tag" --from 16 --to 1 \

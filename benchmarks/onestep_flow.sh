@@ -21,15 +21,8 @@ export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$ROOT"
 TEACHER="$ROOT/digits-flow"
 [ -f "$TEACHER/model_index.json" ] || $FD zoo build digits-flow "$TEACHER" --size bench
-done_run() { [ -f "$1/fastdiff_distill.json" ] && grep -q '"done": true' "$1/fastdiff_distill.json"; }
-run() {  # run NAME CMD...: skip a finished run, resume an interrupted one
-  local name=$1; shift
-  if done_run "$ROOT/$name"; then echo "== $name: done"; return; fi
-  local resume=""; [ -d "$ROOT/$name" ] && resume="--resume"
-  echo "== $name $(date +%T)"
-  /usr/bin/time -o "$ROOT/time-$name.txt" -f "$name: %e s wall, peak RSS %M KiB" "$@" $resume
-  cat "$ROOT/time-$name.txt"
-}
+# shellcheck source=benchmarks/onestep_runs.sh
+. "$(dirname "$0")/onestep_runs.sh"
 run progressive $FD distill progressive "$TEACHER" "$ROOT/progressive" --from 16 --to 1 --guidance 1.5 \
   --steps-per-round 150 --batch 8 --pool 128 --save-every 100
 run dmd $FD distill dmd "$TEACHER" "$ROOT/dmd" --init "$ROOT/progressive/steps-1" --guidance 1.5 \

@@ -17,15 +17,11 @@ export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$ROOT"
 TEACHER="$ROOT/moving-digits"
 [ -f "$TEACHER/model_index.json" ] || $FD zoo build moving-digits "$TEACHER" --size bench
-if ! { [ -f "$ROOT/dmd/fastdiff_distill.json" ] && grep -q '"done": true' "$ROOT/dmd/fastdiff_distill.json"; }; then
-  resume=""; [ -d "$ROOT/dmd" ] && resume="--resume"
-  # shellcheck disable=SC2086  # resume is empty or one option
-  /usr/bin/time -o "$ROOT/time-dmd.txt" -f "dmd: %e s wall, peak RSS %M KiB" \
-    $FD distill dmd "$TEACHER" "$ROOT/dmd" --guidance 1.5 --train-steps "$STEPS" --batch 16 --fake-updates 5 \
-    --lr 2e-5 --fake-lr 4e-5 --regression 0.5 --pair-steps 28 --ema-decay 0.99 --save-every 50 \
-    --snapshot-every 100 --selection-seeds 0 --report-seeds 1 --pick-images 100 $resume
-  cat "$ROOT/time-dmd.txt"
-fi
+# shellcheck source=benchmarks/onestep_runs.sh
+. "$(dirname "$0")/onestep_runs.sh"
+run dmd $FD distill dmd "$TEACHER" "$ROOT/dmd" --guidance 1.5 --train-steps "$STEPS" --batch 16 --fake-updates 5 \
+  --lr 2e-5 --fake-lr 4e-5 --regression 0.5 --pair-steps 28 --ema-decay 0.99 --save-every 50 \
+  --snapshot-every 100 --selection-seeds 0 --report-seeds 1 --pick-images 100
 $FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 3 --seed 1 --batch 100 --steps 50 \
   --json "$OUT/onestep_video.json" --config "teacher unipc 50=" \
   --config "dmd 1=student(path=$ROOT/dmd/steps-1)"
