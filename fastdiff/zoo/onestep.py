@@ -75,28 +75,23 @@ def _bench_is_shipped(model: str, out_dir, seed: int = 0) -> None:
     )
 
 
-def _build(model: str, guidance: float, out_dir: Path, size: str, seed: int) -> None:
+def _build(model: str, out_dir: Path, size: str, seed: int, train_small) -> None:
     from fastdiff.zoo.shipped import install_or_train
 
-    if size == "bench":
-        train = functools.partial(_bench_is_shipped, model)
-    elif model == "digits-flow-onestep":
-        train = train_flow_onestep
-    else:
-        train = functools.partial(train_onestep, guidance=guidance)
+    train = functools.partial(_bench_is_shipped, model) if size == "bench" else train_small
     install_or_train(model, out_dir, size, seed, False, SIZES, train)
 
 
 @register_model("digits-onestep", sizes=tuple(SIZES))
 def build_digits_onestep(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
-    _build("digits-onestep", 2.0, out_dir, size, seed)
+    _build("digits-onestep", out_dir, size, seed, functools.partial(train_onestep, guidance=2.0))
 
 
 @register_model("digits-onestep-g1", sizes=tuple(SIZES))
 def build_digits_onestep_g1(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
-    _build("digits-onestep-g1", 1.0, out_dir, size, seed)
+    _build("digits-onestep-g1", out_dir, size, seed, functools.partial(train_onestep, guidance=1.0))
 
 
 @register_model("digits-flow-onestep", sizes=tuple(SIZES))
 def build_digits_flow_onestep(out_dir: Path, size: str = "bench", seed: int = 0) -> None:
-    _build("digits-flow-onestep", 1.5, out_dir, size, seed)
+    _build("digits-flow-onestep", out_dir, size, seed, train_flow_onestep)
