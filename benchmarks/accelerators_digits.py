@@ -29,6 +29,7 @@ import torch
 from fastdiff import FastPipeline
 from fastdiff.compress.recover import MANIFEST, compress_model, load_compressed
 from fastdiff.eval.bench import run_bench, spread
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -96,7 +97,7 @@ def bench(args) -> None:
         result.setdefault("compressed", {})[name] = {"dir": str(compressed_dir(work, name)), "specs": manifest["specs"],
                                                      "recover": manifest["recover"]}  # fmt: skip
     path = Path(args.json)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_record(path, result, benchmark="accelerators_digits")
     for row in rows:
         v = row["vs_dpm"]
         print(f"{row['name']:24s} {row['accuracy']:.3f} FD {row['fd']:.2f} vs ddim {row['cpu_speedup']:.2f}x "

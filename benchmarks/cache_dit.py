@@ -24,7 +24,6 @@ reference is installed there (hash-checked) when it holds no build yet.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -35,9 +34,9 @@ import torch
 
 from fastdiff import FastPipeline
 from fastdiff.eval import quality_for
-from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.bench import make_inputs, ratio_spread
 from fastdiff.eval.fidelity import psnr, ssim
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -125,10 +124,10 @@ def measure(fp: FastPipeline, configs: list[tuple[str, str]], runs: int, seed: i
         row.update(
             seconds_median=statistics.median(wall[name]),
             seconds=wall[name],
-            speedup=statistics.median(wall[base]) / statistics.median(wall[name]),
+            **ratio_spread(wall[name], wall[base], "speedup", baseline=name == base),
             cpu_seconds_median=statistics.median(cpu[name]),
             cpu_seconds=cpu[name],
-            cpu_speedup=statistics.median(cpu[base]) / statistics.median(cpu[name]),
+            **ratio_spread(cpu[name], cpu[base], "cpu_speedup", baseline=name == base),
             psnr=None if name == base else psnr(images[name], images[base]),
             ssim=None if name == base else ssim(images[name], images[base]),
         )
@@ -169,7 +168,7 @@ def main(argv=None) -> None:
             "configs": rows,
         }
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"cache_{name}.json").write_text(json.dumps(with_provenance(result), indent=2))
+        write_record(RESULTS / f"cache_{name}.json", result, benchmark="cache_dit", indent=2)
         print(f"\n{name}  (loadavg before {before[0]:.1f}, after {os.getloadavg()[0]:.1f})")
         print(table(rows))
 

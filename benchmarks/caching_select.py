@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from fastdiff.eval.provenance import command_line
+from fastdiff.eval.record import write_record
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -69,7 +70,7 @@ def flow_caching(
         result["command"],
         command_line(),
     )  # this driver made the choice
-    out.write_text(json.dumps(result, indent=1))
+    write_record(out, result, benchmark="caching_select", indent=1)
     return result
 
 
@@ -122,7 +123,7 @@ def main() -> None:
                                    f"uncached images, accuracy >= the baseline's - {ACCURACY_BUDGET} and FD <= "
                                    f"{1 + FD_BUDGET:g}x the baseline's, on the selection seed",
                            "picks": picks, "candidates": verdicts}  # fmt: skip
-    out.write_text(json.dumps(report, indent=1))
+    write_record(out, report, benchmark="caching_select", indent=1)
     for family, config in picks.items():
         print(f"{family}: {config or 'no candidate within the budget'}")
     print(f"wrote {selection_out} and {out}")

@@ -38,7 +38,7 @@ from fastdiff import FastPipeline
 from fastdiff.cli.classifier_guidance import cmd_train_classifier
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import make_inputs
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 
 DIGITS = Path(__file__).resolve().parents[1] / ".fastdiff-cache" / "digits"
@@ -208,7 +208,7 @@ def main() -> None:
               "load_average": load}  # fmt: skip
     result["load_average"].append(os.getloadavg()[0])
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(Path(args.json), result, benchmark="classifier_guidance", indent=2)
     print(f"wrote {args.json}")
 
 

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fastdiff.eval.compat import MATRIX_SPECS, check_cell, matrix_spec
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 VARIANTS = (
@@ -83,9 +84,8 @@ def main() -> None:
                               notes=cell.notes, failures=cell.failures))  # fmt: skip
             bar.update()
     bar.close()
-    Path(args.json).write_text(
-        json.dumps({"seconds": round(time.perf_counter() - start, 1), "cells": cells}, indent=1)
-    )
+    result = {"seconds": round(time.perf_counter() - start, 1), "cells": cells}
+    write_record(args.json, result, benchmark="compat_table", indent=1)
     print(markdown(cells, variants, accelerators))
     failed = [c for c in cells if c["status"] == "failed"]
     print(f"\n{len(cells)} cells: {len(cells) - len(failed)} ok or refused, {len(failed)} failed")

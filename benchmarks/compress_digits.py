@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from fastdiff import FastPipeline
 from fastdiff.compress.lowrank import count_params_macs
 from fastdiff.compress.recover import MANIFEST, capture_inputs, compress_model, load_compressed
 from fastdiff.eval import quality_for
-from fastdiff.eval.bench import make_inputs
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.bench import make_inputs, spread
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 
 # name -> (specs, recovery steps, learning rate, batch): the pruned model is 28% of the original and needs
@@ -108,10 +107,7 @@ def main() -> None:
         rows[label].update(quality_for(fp.pipe)(fp.pipe, call, outputs[label], 0))
     base = rows["original"]
     for row in rows.values():
-        row["seconds_median"] = statistics.median(row["seconds"])
-        row["cpu_seconds_median"] = statistics.median(row["cpu_seconds"])
-        row["speedup"] = base["seconds_median"] / row["seconds_median"]
-        row["cpu_speedup"] = base["cpu_seconds_median"] / row["cpu_seconds_median"]
+        row.update(spread(row, base))  # medians, speedups and their spread over the rounds
         row["params_ratio"] = row["params"] / base["params"]
         row["macs_ratio"] = row["macs_per_image"] / base["macs_per_image"]
         row["accuracy_drop_points"] = 100 * (base["accuracy"] - row["accuracy"])
@@ -121,7 +117,7 @@ def main() -> None:
         "compressions": settings, "rows": rows,
     }  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2, default=str))
+    write_record(Path(args.json), result, benchmark="compress_digits", indent=2)
     print(
         f"{'model':28} {'params':>8} {'MACs/img':>10} {'s':>7} {'speedup':>7} {'cpu':>5} {'acc':>6} {'fd':>7} (load {load:.1f})"
     )

@@ -17,7 +17,6 @@ Writes ``benchmarks/results/deepcache_vs_package.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -28,9 +27,9 @@ import torch
 from DeepCache import DeepCacheSDHelper
 
 from fastdiff import FastPipeline
-from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.bench import make_inputs, ratio_spread
 from fastdiff.eval.fidelity import psnr, ssim
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 RESULTS = Path(__file__).parent / "results" / "deepcache_vs_package.json"
@@ -113,7 +112,6 @@ def main(argv=None) -> dict:
             assert np.array_equal(out, images[name]), f"{name}: runs differ"
     load_after = os.getloadavg()
 
-    base, base_cpu = statistics.median(seconds["no cache"]), statistics.median(cpu["no cache"])
     rows = []
     for name in names:
         steps = profile[name]
@@ -127,10 +125,10 @@ def main(argv=None) -> dict:
             "name": name,
             "seconds_median": statistics.median(seconds[name]),
             "seconds": seconds[name],
-            "speedup": base / statistics.median(seconds[name]),
+            **ratio_spread(seconds[name], seconds["no cache"], "speedup", baseline=name == "no cache"),
             "cpu_seconds_median": statistics.median(cpu[name]),
             "cpu_seconds": cpu[name],
-            "cpu_speedup": base_cpu / statistics.median(cpu[name]),
+            **ratio_spread(cpu[name], cpu["no cache"], "cpu_speedup", baseline=name == "no cache"),
             "psnr": None if name == "no cache" else psnr(images[name], images["no cache"]),
             "ssim": None if name == "no cache" else ssim(images[name], images["no cache"]),
             "nfe": nfe[name],
@@ -186,7 +184,7 @@ def main(argv=None) -> dict:
         f"identical outputs: {summary['outputs_identical_to_package']}; load {load_before[0]:.1f} -> {load_after[0]:.1f}"
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(args.json, result, benchmark="deepcache_vs_package", indent=2)
     return result
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from fastdiff.eval.bench import format_table, run_bench
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import install
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -53,7 +53,7 @@ def main() -> None:
                     batch=args.batch, guidance=2.0)  # fmt: skip
     result["guidance_2"] = low["configs"][0]
     result["model_report"] = json.loads((args.model / "eval" / "report.json").read_text())
-    args.out.write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(args.out, result, benchmark="digits_sd", indent=2)
     print(format_table(low))
 
 

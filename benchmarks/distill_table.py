@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fastdiff.eval.record import write_record
+
 RESULTS = Path(__file__).resolve().parent / "results"
 STUDENTS = ("cons-g2", "lcm-lora-g2", "progressive-g2", "consistency-g1", "progressive-g1")
 
@@ -89,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     training = RESULTS / "distill_training.json"
     if args.students:
-        training.write_text(json.dumps(training_records(args.students), indent=2))
+        write_record(training, training_records(args.students), benchmark="distill_table")
     for tag, title in (("g2", "guidance 2"), ("g1", "guidance 1")):
         path = RESULTS / f"distill_{tag}.json"
         if path.is_file():

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -41,8 +40,8 @@ from fastdiff import FastPipeline
 from fastdiff.compress.lowrank import count_params_macs
 from fastdiff.compress.recover import MANIFEST, capture_inputs, compress_model, load_compressed, recover
 from fastdiff.eval import quality_for
-from fastdiff.eval.bench import make_inputs
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.bench import make_inputs, spread
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,8 +94,7 @@ def build(args) -> None:
              "seconds": round(time.perf_counter() - started, 1), "recover": report.get("recover"),
              "load_average_1min_at_end": os.getloadavg()[0]}  # fmt: skip
     path = Path(args.build_json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(build, indent=1, default=str) + "\n")
+    write_record(path, build, benchmark="experts_digits", indent=1)
     print(f"built {out} ({steps} steps) in {build['seconds']:.0f} s; report {path}")
 
 
@@ -139,10 +137,7 @@ def bench(args) -> None:
         rows[name].update(quality_for(fp.pipe)(fp.pipe, call, outputs[name], args.seed))
     base = rows["full"]
     for row in rows.values():
-        row["seconds_median"] = statistics.median(row["seconds"])
-        row["cpu_seconds_median"] = statistics.median(row["cpu_seconds"])
-        row["speedup"] = base["seconds_median"] / row["seconds_median"]
-        row["cpu_speedup"] = base["cpu_seconds_median"] / row["cpu_seconds_median"]
+        row.update(spread(row, base))  # medians, speedups and their spread over the rounds
         row["accuracy_drop_points"] = 100 * (base["accuracy"] - row["accuracy"])
         row["fd_vs_full"] = row["fd"] / base["fd"] - 1
         row["meets_target"] = (
@@ -160,7 +155,7 @@ def bench(args) -> None:
         "rows": rows,
     }  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=1, default=str) + "\n")
+    write_record(Path(args.json), result, benchmark="experts_digits", indent=1)
     print(table(result))
     print(f"wrote {args.json}")
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import re
 import time
 from pathlib import Path
@@ -61,8 +60,8 @@ from fastdiff.eval import quality_for
 from fastdiff.eval.bench import ratio_spread
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.provenance import with_provenance
 from fastdiff.eval.quality import load_reference_eval
+from fastdiff.eval.record import write_record
 
 RESULTS = Path(__file__).parent / "results"
 STEPS = 28  # set by main: --steps
@@ -284,7 +283,7 @@ def main() -> None:
               "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
     if spread:
         result["fd_bootstrap"] = spread
-    Path(args.out).write_text(json.dumps(with_provenance(result), indent=1))
+    write_record(Path(args.out), result, benchmark="flow_caching", indent=1)
     print(
         f"{'config':28s} {'cpu s':>8s} {'speedup (range, verdict)':>30s} {'computed':>9s} {'acc':>6s} {'fd':>7s} "
         f"{'fd/floor':>9s} {'psnr':>6s}"

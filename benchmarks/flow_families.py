@@ -17,7 +17,6 @@ Writes ``benchmarks/results/flow_families.json`` (video: 9-frame 128 px clips, P
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,9 +27,9 @@ import torch
 
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.core.tensors import pixels
-from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.bench import make_inputs, ratio_spread
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -92,7 +91,9 @@ def family(
     for label in live:
         row = rows[label]
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
-        row["speedup"] = round(float(np.median(plain["cpu_seconds"])) / row["cpu_median"], 3)
+        row.update(
+            ratio_spread(row["cpu_seconds"], plain["cpu_seconds"], "speedup", baseline=label == "plain")
+        )
         row["psnr"] = None if label == "plain" else round(psnr(row.pop("images"), plain["images"]), 1)
     plain.pop("images", None)
     return list(rows.values())
@@ -122,7 +123,7 @@ def main() -> None:
     names = {"flow": FAMILIES, "video": VIDEO}.get(args.families) or args.families.split(",")
     for name in names:
         out["families"][name] = family(name, args.steps, args.runs, args.size, chosen)
-        Path(args.out).write_text(json.dumps(with_provenance(out), indent=1))
+        write_record(Path(args.out), out, benchmark="flow_families", indent=1)
         for row in out["families"][name]:
             shown = (
                 row.get("refused")

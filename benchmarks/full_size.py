@@ -45,8 +45,9 @@ import torch
 from fastdiff import FastPipeline
 from fastdiff.core.inputs import make_inputs
 from fastdiff.core.registry import AcceleratorError
+from fastdiff.eval.bench import ratio_spread
 from fastdiff.eval.compat import matrix_spec
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.full_size import make_full_pipeline
 
 RESULTS = Path(__file__).parent / "results" / "full_size_cpu.json"
@@ -233,7 +234,7 @@ def run_timed(section: str, side: int, fp: FastPipeline, args) -> dict:
     for name in names:
         median = statistics.median(seconds[name])
         rows.append({"config": name, "cpu_s": seconds[name], "cpu_s_median": median, "first_call_cpu_s": first[name][0],
-                     "speedup": base / median, "rel_err": rel_err(outs[name], outs["none"])})  # fmt: skip
+                     **ratio_spread(seconds[name], seconds["none"], "speedup", baseline=name == "none"), "rel_err": rel_err(outs[name], outs["none"])})  # fmt: skip
         print(
             f"  {name:40s} {median:8.2f} s  x{base / median:.2f}  rel err {rows[-1]['rel_err']:.2e}",
             flush=True,
@@ -302,11 +303,11 @@ def main(argv=None) -> dict:
         key: str, entry: dict, fields: tuple[str, ...]
     ) -> None:  # replaces an earlier entry of the same fields
         result[key] = [e for e in result[key] if any(e.get(f) != entry[f] for f in fields)] + [entry]
-        args.out.write_text(json.dumps(with_provenance(result), indent=2))
+        write_record(args.out, result, benchmark="full_size", indent=2)
 
     if "dtype-probe" in args.sections:
         result["dtype_probe"] = dtype_probe(args.threads)
-        args.out.write_text(json.dumps(with_provenance(result), indent=2))
+        write_record(args.out, result, benchmark="full_size", indent=2)
     if "matrix" in args.sections:
         for dtype in args.dtypes:
             for model in args.models:

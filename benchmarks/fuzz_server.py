@@ -15,16 +15,16 @@ Exit status 0 only when every run found no issue.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 from serve_load import Server  # benchmarks/serve_load.py: fastdiff serve in a subprocess
+
+from fastdiff.eval.record import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -81,13 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         for failure in run["failures"]:
             print("    ", failure)
     result = {
-        "benchmark": "fuzz_server", "device": "2-core CPU, 1 torch thread per server", "date": str(date.today()),
+        "layout": "2-core CPU, 1 torch thread per server",
         "command": f"python benchmarks/fuzz_server.py --max-examples {args.max_examples} --seed {args.seed}",
         "schemathesis": _version("schemathesis"), "runs": runs,
         "passed": all(run["exit_status"] == 0 for run in runs),
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.out, result, benchmark="fuzz_server")
     return 0 if result["passed"] else 1
 
 

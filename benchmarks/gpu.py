@@ -55,6 +55,8 @@ from fastdiff.core.models import find_denoiser  # noqa: E402
 from fastdiff.core.pipeline import NonFiniteOutputError  # noqa: E402
 from fastdiff.core.registry import AcceleratorError  # noqa: E402
 from fastdiff.core.siblings import sibling  # noqa: E402
+from fastdiff.eval.bench import ratio_spread  # noqa: E402
+from fastdiff.eval.record import make_record  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -264,7 +266,8 @@ def run_group(group: Group, base, args, deadline: float) -> dict:
             continue
         median = statistics.median(seconds[name])
         rows.append({**row, "status": "ok", "seconds": seconds[name], "seconds_median": median,
-                     "first_call_s": first[name], "speedup": plain / median if plain else None,
+                     "first_call_s": first[name],
+                     **(ratio_spread(seconds[name], seconds["plain"], "speedup") if plain else {"speedup": None}),
                      "images_per_s": group.batch / median, "nfe": nfe[name],
                      "quality": {**quality(images[name], reference),
                                  "latent_rel_err": relative_error(latents.get(name), latents.get("plain"))}})  # fmt: skip
@@ -291,7 +294,7 @@ def slug(name: str) -> str:
 def write(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, allow_nan=False))
+    tmp.write_text(json.dumps(make_record(result, "gpu"), indent=2, allow_nan=False))
     tmp.replace(out)
 
 

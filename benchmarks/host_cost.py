@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 
 from fastdiff import FastPipeline
 from fastdiff.core.hooks import GatedHook
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 UNET_SPECS = ["none", "deepcache(interval=3)", "tome(ratio=0.5)", "cfg-interval(start=0.0,end=0.5)",
@@ -179,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                              f"--steps {args.steps} --json {args.json}",
                   "targets_us_per_step": {"no accelerator": 20, "hook-based": 100},
                   "identity": identity, "accelerators": rows}  # fmt: skip
-        args.json.write_text(json.dumps(with_provenance(result), indent=2) + "\n")
+        write_record(args.json, result, benchmark="host_cost", indent=2)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def main() -> None:
     if args.case:
         print(json.dumps(case(*args.case, args.side, args.rank)))
         return
-    from fastdiff.eval.provenance import with_provenance
+    from fastdiff.eval.record import write_record
     from fastdiff.zoo.full_size import LAYOUTS
 
     rows, machine = [], machine_mib()
@@ -154,7 +154,7 @@ def main() -> None:
         "fake_updates": 1,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(with_provenance(result), indent=1) + "\n")
+    write_record(args.out, result, benchmark="onestep_memory", indent=1)
     print(f"wrote {args.out}")
 
 

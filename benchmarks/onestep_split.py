@@ -21,7 +21,6 @@ quality).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from fastdiff import FastPipeline
 from fastdiff.core.inputs import make_inputs
 from fastdiff.eval.profile import profile_call
 from fastdiff.eval.provenance import load_average, provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo import build
 from fastdiff.zoo.full_size import make_full_pipeline
 
@@ -90,7 +90,7 @@ def main() -> None:
     tiny = taesd_layout(sd15.pipe.vae, work / "taesd-layout") if args.tiny_vae else None
     models["sd15"] = split(sd15, 1, args.runs, side=512, tiny=tiny)
     result = {"models": models, "threads": args.threads, **provenance(load_start=load_start)}
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_record(args.json, result, benchmark="onestep_split", indent=1)
     for name, rows in models.items():
         for row in rows:
             parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(row["share"].items(), key=lambda kv: -kv[1]))

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from fastdiff.eval.provenance import load_average, provenance
+from fastdiff.eval.record import write_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -59,7 +60,7 @@ def main() -> None:
         "students": [student(root, n) for n in names],
         **provenance(load_start=load_start),
     }
-    Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    write_record(args.json, result, benchmark="onestep_training", indent=1)
     for row in result["students"]:
         print(row["name"], row["time"])
     print(f"wrote {args.json}")

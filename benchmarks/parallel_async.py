@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -29,9 +28,9 @@ import numpy as np
 import torch
 
 from fastdiff.eval import quality_for
-from fastdiff.eval.bench import make_inputs, time_runs
+from fastdiff.eval.bench import make_inputs, ratio_spread, time_runs
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.group import tensors_of
 from fastdiff.parallel.launch import launch
 from fastdiff.zoo import build
@@ -130,7 +129,7 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
         plain = launch(timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False,
                        pin_cores=PIN_CORES)  # fmt: skip
         out["single, default malloc"] = {"seconds": plain["seconds"],
-                                         "speedup": statistics.median(plain["seconds"]) / statistics.median(single["seconds"]),
+                                         **ratio_spread(single["seconds"], plain["seconds"], "speedup"),
                                          "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])]))}  # fmt: skip
         print(json.dumps(out["single, default malloc"]), flush=True)
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
@@ -144,7 +143,7 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
         out[key] = {
             "specs": specs,
             "seconds": two["seconds"],
-            "speedup": statistics.median(single["seconds"]) / statistics.median(two["seconds"]),
+            **ratio_spread(two["seconds"], single["seconds"], "speedup"),
             **evaluate(two["images"], single["images"]),
             **two["plan"],
         }
@@ -162,7 +161,7 @@ def measure_interleaved(
         single, two = got["seconds"]["single"], got["seconds"]["async"]
         out[f"interleaved async warmup={warmup}" + (" extrapolate=1" if linear else "")] = row = {
             "specs": specs, "single_seconds": single, "seconds": two,
-            "speedup": statistics.median(single) / statistics.median(two),
+            **ratio_spread(two, single, "speedup"),
             "round_speedups": [round(a / b, 3) for a, b in zip(single, two)],
             **evaluate(got["images"]["async"], got["images"]["single"]),
             **got["plan"],
@@ -229,7 +228,7 @@ def main() -> None:
                                {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator,
                                args.interleave)}  # fmt: skip
         RESULTS.mkdir(exist_ok=True)
-        path.write_text(json.dumps(with_provenance(out), indent=2))
+        write_record(path, out, benchmark="parallel_async", indent=2)
 
 
 if __name__ == "__main__":

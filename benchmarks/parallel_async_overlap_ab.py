@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from parallel_async_profile import digits_bench_call  # benchmarks/ is the script's directory
 
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.async_exchange import BlockingExchange, OverlappedExchange
 from fastdiff.parallel.launch import launch
 
@@ -59,7 +60,7 @@ def main() -> None:
     result = launch(alternate, 2, *digits_bench_call(args.cache), args.pairs, timeout_s=1500)
     print(json.dumps(result), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({"specs": SPECS, "images": 500, **result}, indent=2))
+    write_record(args.out, {"specs": SPECS, "images": 500, **result}, benchmark="parallel_async_overlap_ab")
 
 
 if __name__ == "__main__":

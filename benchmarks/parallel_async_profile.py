@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.launch import launch
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -109,7 +110,9 @@ def main() -> None:
     for index, ranks in enumerate(calls):
         print(f"call {index}:", json.dumps(ranks), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({"specs": SPECS, "images": 500, "calls": calls}, indent=2))
+    write_record(
+        args.out, {"specs": SPECS, "images": 500, "calls": calls}, benchmark="parallel_async_profile"
+    )
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import numpy as np
 
-from fastdiff.eval.bench import make_inputs
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.bench import make_inputs, ratio_spread
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
@@ -44,7 +43,7 @@ def measure(model, call: dict, runs: int, sampler: str = "scheduler(name=dpm++2m
         single.append(one["seconds"])
         two.append(par["seconds"])
         diffs.append(float(np.abs(one["images"] - par["images"]).max()))
-    return {"single_seconds": single, "parallel_seconds": two, "speedup": statistics.median(single) / statistics.median(two),
+    return {"single_seconds": single, "parallel_seconds": two, **ratio_spread(two, single, "speedup"),
             "max_abs_difference": max(diffs), "images": int(one["images"].shape[0])}  # fmt: skip
 
 
@@ -81,7 +80,7 @@ def main() -> None:
         }
         print(name, json.dumps({k: v for k, v in out[name].items() if k != "call"}), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(with_provenance(out), indent=2, default=str))
+    write_record(args.out, out, benchmark="parallel_cfg", indent=2)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.bench import ratio_spread
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.launch import launch
 from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
@@ -47,7 +47,7 @@ def measure(model, call: dict, runs: int, output_type: str) -> dict:
         two.append(round(par["seconds"], 2))
         diffs.append(float(np.abs(np.asarray(one["images"]) - np.asarray(par["images"])).max()))
     return {"single_seconds": single, "parallel_seconds": two,
-            "speedup": round(statistics.median(single) / statistics.median(two), 3), "max_abs_difference": max(diffs)}  # fmt: skip
+            **ratio_spread(two, single, "speedup"), "max_abs_difference": max(diffs)}  # fmt: skip
 
 
 def main() -> None:
@@ -90,7 +90,7 @@ def main() -> None:
               "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
                          + (f" --model MODEL --batch {args.batch} --guidance {guidance:g}" if args.model else "")}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(with_provenance(result), indent=1))
+    write_record(args.out, result, benchmark="parallel_sequence", indent=1)
 
 
 if __name__ == "__main__":

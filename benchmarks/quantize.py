@@ -19,7 +19,6 @@ Writes ``benchmarks/results/quantize.json`` (``runtime.json`` for the runtime su
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -30,9 +29,9 @@ import torch
 from fastdiff import FastPipeline
 from fastdiff.compress.quantize import quantizable_linears
 from fastdiff.eval import quality_for
-from fastdiff.eval.bench import make_inputs
+from fastdiff.eval.bench import make_inputs, ratio_spread
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -123,8 +122,8 @@ def bench_model(model: str, args) -> dict:
             statistics.median(wall[name]),
             statistics.median(cpu[name]),
         )
-        row["speedup"] = statistics.median(wall[base]) / row["seconds_median"]
-        row["cpu_speedup"] = statistics.median(cpu[base]) / row["cpu_seconds_median"]
+        row.update(ratio_spread(wall[name], wall[base], "speedup", baseline=name == base))
+        row.update(ratio_spread(cpu[name], cpu[base], "cpu_speedup", baseline=name == base))
         row["psnr"] = None if name == base else psnr(images[name], images[base])
         if evaluator is not None:
             row.update(evaluator(pipes[name].pipe, call_kwargs, images[name], args.seed))
@@ -171,7 +170,7 @@ def main(argv=None) -> dict:
             )
     result["settings"]["load_average_end"] = os.getloadavg()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2, default=str))
+    write_record(Path(args.json), result, benchmark="quantize", indent=2)
     return result
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.serving.engine import Engine
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import install_digits
@@ -226,7 +226,7 @@ def main() -> None:
             print(name, json.dumps(out["models"][name]["difference"]), flush=True)
     print(table(out))
     args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(with_provenance(out), indent=2) + "\n")
+    write_record(args.out, out, benchmark="seed_repro", indent=2)
 
 
 if __name__ == "__main__":

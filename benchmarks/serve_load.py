@@ -37,6 +37,8 @@ from pathlib import Path
 
 import httpx
 
+from fastdiff.eval.record import write_record
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = "scheduler(name=dpm++2m,steps=10)"
 UNI = "scheduler(name=unipc,steps=10)"
@@ -270,11 +272,11 @@ def main() -> None:
         result[part]["seconds"] = round(time.perf_counter() - t0, 1)
         result[part]["load_average"] = os.getloadavg()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")  # after every part
+        write_record(path, result, benchmark="serve_load")  # after every part
     result["machine"] = dict(
         cpus=os.cpu_count(), started=time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
     )
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_record(path, result, benchmark="serve_load")
     print(f"wrote {path}")
 
 

@@ -25,6 +25,8 @@ import httpx
 import psutil
 from serve_load import Server  # benchmarks/serve_load.py: fastdiff serve in a subprocess
 
+from fastdiff.eval.record import write_record
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 INVALID = {  # name -> (body bytes, headers)
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": "digits (shipped), dpm++2m 10 steps, --max-batch 16 --max-queue 64", "passed": passed, **result,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_record(args.out, out, benchmark="soak")
     print(f"passed: {passed}; wrote {args.out}")
     return 0 if passed else 1
 

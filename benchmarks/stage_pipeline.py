@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.parallel.launch import retain_freed_memory
 from fastdiff.serving.stage_workers import STAGE_FUNCTIONS, STAGES
 from fastdiff.serving.stages import StagePipeline
@@ -132,13 +132,13 @@ def main() -> None:
                 key = f"pipelined_{devices}" + (f"_{denoisers}_denoisers" if denoisers > 1 else "")
                 result[key] = {
                     "seconds": par_seconds, "startup_seconds": startup, "images_per_s": args.requests / par_seconds,
-                    "speedup": seconds / par_seconds, "max_abs_difference": diff,
+                    "speedup": seconds / par_seconds, "runs": 1, "max_abs_difference": diff,
                 }  # fmt: skip
                 print(name, key, json.dumps(result[key]), flush=True)
         result["load_average_after"] = os.getloadavg()  # other jobs on the machine would show here
         out["settings"][name] = {**out["settings"].get(name, {}), **result}
         args.out.parent.mkdir(exist_ok=True)
-        args.out.write_text(json.dumps(with_provenance(out), indent=2))
+        write_record(args.out, out, benchmark="stage_pipeline", indent=2)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from fastdiff.core.registry import available
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import format_table, make_inputs
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
 
@@ -45,6 +46,11 @@ FORECASTS = (
     "forecast(order=2,interval=3,warmup=3)",
 )
 BEST_FORECAST = "forecast(order=2,interval=3,warmup=3)"
+
+
+def _paired(prefix: str, ratios: list[float]) -> dict:
+    """The median of per-round ratios (each round times the baseline and the config back to back) and their range."""
+    return {prefix: statistics.median(ratios), f"{prefix}_min": min(ratios), f"{prefix}_max": max(ratios)}
 
 
 def configs_for(model: str) -> list[tuple[str, str]]:
@@ -116,8 +122,8 @@ def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: f
         first = name == base_name
         row = {"name": name, "specs": specs, "seconds_median": statistics.median(wall[name]),
                "seconds": wall[name], "cpu_s_median": statistics.median(cpu[name]), "denoiser_calls": nfe[name],
-               "speedup": 1.0 if first else statistics.median(ratios[name][0]),
-               "cpu_speedup": 1.0 if first else statistics.median(ratios[name][1]),
+               **_paired("speedup", [1.0] if first else ratios[name][0]),
+               **_paired("cpu_speedup", [1.0] if first else ratios[name][1]),
                "psnr": None if first else psnr(images[name], reference),
                "ssim": None if first else ssim(images[name], reference)}  # fmt: skip
         if evaluator is not None:
@@ -156,7 +162,7 @@ def main() -> None:
               f"batch {result['settings']['batch']}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
         print(format_table(result))
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(results, indent=2))
+        write_record(out_path, results, benchmark="step_reuse")
     print(f"wrote {out_path}")
 
 

@@ -15,7 +15,6 @@ Needs ``pip install tomesd==0.1.3`` (a comparison baseline only; fastdiff does n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -25,7 +24,8 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.bench import ratio_spread
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 try:
@@ -87,10 +87,10 @@ def main(argv=None) -> dict:
             "name": name,
             "seconds_median": median[name],
             "seconds": wall[name],
-            "speedup": median["none"] / median[name],
+            **ratio_spread(wall[name], wall["none"], "speedup", baseline=name == "none"),
             "cpu_seconds_median": median_cpu[name],
             "cpu_seconds": cpu[name],
-            "cpu_speedup": median_cpu["none"] / median_cpu[name],
+            **ratio_spread(cpu[name], cpu["none"], "cpu_speedup", baseline=name == "none"),
             "psnr": None if name == "none" else psnr(images[name], images["none"]),
         }
         for name in configs
@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
     print(f"tome PSNR - tomesd PSNR: {result['tome_minus_tomesd_psnr_db']:+.2f} dB")
     print(f"load average: {os.getloadavg()}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(Path(args.json), result, benchmark="tome_vs_tomesd", indent=2)
     return result
 
 

@@ -13,14 +13,13 @@ exact DOP853 flow solve over held-out seeds 0 .. E-1 (``--eval-seeds``) x ``--ba
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.schedulers.tuning import sample, tune
 from fastdiff.schedulers.tuning_flow import flow_spacings
@@ -109,7 +108,7 @@ def main() -> None:
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(with_provenance(result), indent=1) + "\n")
+    write_record(Path(args.out), result, benchmark="tune_flow_schedules", indent=1)
     print(f"wrote {args.out}")
 
 

@@ -30,7 +30,7 @@ import torch
 
 from fastdiff import FastPipeline
 from fastdiff.eval.bench import make_inputs, run_bench
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.schedulers.presets import make_scheduler
 from fastdiff.schedulers.tuned import ROUTES
 from fastdiff.schedulers.tuning import references, sample, standard_spacings, tune
@@ -208,7 +208,7 @@ def main() -> None:
     else:
         result = run_digits(args.max_evals or 250)
     out = args.out or RESULTS / f"schedules_{args.which}.json"
-    out.write_text(json.dumps(with_provenance(result), indent=1) + "\n")
+    write_record(out, result, benchmark="tune_schedules", indent=1)
     print(f"wrote {out}")
 
 

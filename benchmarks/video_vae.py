@@ -14,7 +14,6 @@ Writes ``benchmarks/results/video_vae.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import resource
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("tiny-wan", "tiny-cogvideox", "tiny-ltx", "tiny-hunyuan-video")
@@ -95,7 +94,7 @@ def main() -> None:
            "size": "bench", "models": {}}  # fmt: skip
     for name in args.models.split(","):
         out["models"][name] = measure(name, args.side, args.frames)
-        Path(args.out).write_text(json.dumps(with_provenance(out), indent=1))
+        write_record(Path(args.out), out, benchmark="video_vae", indent=1)
         for row in out["models"][name]:
             extra = f"  x{row['memory_ratio']} less memory, psnr {row['psnr']}" if "psnr" in row else ""
             print(f"{name:20s} {row['config']:12s} peak {row['decode_peak_mb']:8.1f} MB  "

@@ -10,7 +10,6 @@ checked to be bit-identical.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 
@@ -63,7 +62,7 @@ def main() -> None:
     print(f"overhead: CPU time {100 * (cpu - 1):+.2f}%, wall time {100 * (wall - 1):+.2f}% over {args.pairs} "
           f"interleaved pairs (outputs bit-identical); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(Path(args.json), result, benchmark="wrapper_overhead", indent=2)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 
 from fastdiff.cli.tpu_infer import tpu_infer
 from fastdiff.eval.fidelity import psnr
-from fastdiff.eval.provenance import with_provenance
+from fastdiff.eval.record import write_record
 from fastdiff.zoo import build
 from fastdiff.zoo.shipped import ensure_digits
 
@@ -94,7 +94,7 @@ def main() -> None:
             result[f"{name} / {label}"] = {"specs": specs, **call, **entry}
             print(name, label, json.dumps({k: v for k, v in entry.items() if k != "seconds"}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(with_provenance(result), indent=2))
+    write_record(args.out, result, benchmark="xla_cpu", indent=2)
     print(f"wrote {args.out}")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .format import code, db, missing, pct, table
 
 PROVENANCE = {"command", "commit", "date", "device", "load", "threads", "build_command", "eval_command",
-              "commands", "machine", "setup", "measure", "build", "benchmark", "note", "notes"}  # fmt: skip
+              "commands", "record", "machine", "setup", "measure", "build", "benchmark", "note", "notes"}  # fmt: skip
 SUFFIXES = ("_min", "_max", "_verdict", "_low", "_high", "_rounds")
 MAX_ROWS = 30  # a longer list is cut, saying how many rows the file holds
 MAX_DEPTH = 3

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastdiff.eval.record import record_problems
+
 from . import charts
 from .generic import render
 from .headlines import accelerators_block
@@ -125,6 +127,9 @@ def provenance_errors(results: dict[str, Any]) -> list[str]:
     errors += [
         f"{LEGACY.name} lists {stem}, which has no results file" for stem in sorted(legacy - set(results))
     ]
+    for stem, d in results.items():  # files written as results records keep the record's rules
+        if isinstance(d, dict) and "record" in d:
+            errors += [f"benchmarks/results/{stem}.json: {problem}" for problem in record_problems(d)]
     return errors
 
 

@@ -17,7 +17,6 @@ Registered by ``fastdiff.cli.main`` through ``register(subparsers)``; ``run(args
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -192,8 +191,8 @@ def _quality(row: dict) -> str:
 
 
 def _write(path: str, result: dict) -> None:
-    """The result JSON with this run's provenance (commit, date, device, load; the command the result holds)."""
-    from fastdiff.eval.provenance import with_provenance
+    """The result as a results record (``fastdiff.eval.record``): this run's provenance added, the command the
+    result holds kept."""
+    from fastdiff.eval.record import write_record
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(with_provenance(result), indent=1, default=str))
+    write_record(path, result, benchmark="fastdiff tune", indent=1)

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from fastdiff.eval import quality_for
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.grid import save_grid
 from fastdiff.eval.provenance import check_load, load_average, provenance
+from fastdiff.eval.record import write_record
 
 
 def run_bench(
@@ -139,8 +139,7 @@ def run_bench(
         **provenance(load_start=load_start),
     }  # fmt: skip
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
+        write_record(json_path, out, benchmark="fastdiff bench")
     return out
 
 

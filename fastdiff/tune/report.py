@@ -29,9 +29,23 @@ from fastdiff.tune.budget import Budget
 QUALITY = ("accuracy", "fd", "fd_floor", "ode_error", "psnr", "ssim", "denoiser_calls", "within_budget")
 
 
+def timed_runs(row: dict) -> int | None:
+    """How many timed runs a measured row's speed rests on (its ``seconds`` list; a summary keeps ``runs``)."""
+    seconds = row.get("seconds")
+    return len(seconds) if isinstance(seconds, list) else row.get("runs")
+
+
+def rate(row: dict, baseline: dict, speed: str) -> None:
+    """Set ``row``'s speedup over ``baseline`` and the timed runs it rests on (results records need either a
+    ratio's spread or its run count; the tuner times each candidate ``runs`` times, once by default)."""
+    row["speedup"] = baseline[speed] / row[speed]
+    row["runs"] = timed_runs(row)
+
+
 def figures(row: dict, speed: str) -> dict:
     """The speed and quality figures of a measured row (``seconds`` is the tuner's speed figure)."""
     out = {
+        "runs": timed_runs(row),
         "seconds": row[speed],
         "cpu_seconds": row.get("cpu_seconds_median"),
         "wall_seconds": row.get("seconds_median"),
@@ -58,7 +72,7 @@ def judge(row: dict, baseline: dict, budgets: list[Budget], speed: str) -> dict:
     if "error" in row:
         row["within_budget"] = False
         return row
-    row["speedup"] = baseline[speed] / row[speed]
+    rate(row, baseline, speed)
     row["within_budget"] = all(b.holds(row, baseline) for b in budgets)
     return row
 

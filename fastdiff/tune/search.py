@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from fastdiff.tune.budget import VS_BASELINE, Budget, parse_budgets, slack_for
 from fastdiff.tune.measure import Measurer
-from fastdiff.tune.report import figures, report_on, verdicts
+from fastdiff.tune.report import figures, rate, report_on, verdicts
 from fastdiff.tune.space import Space, baseline_spec, default_space, family_of, load_space
 
 
@@ -129,7 +129,7 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
     base_full = dict(base_rows[full], name="baseline")
     measured = [rows[s][full] for s in candidates if full in rows[s] and "error" not in rows[s][full]]
     for row in [base_full, *measured]:
-        row["speedup"] = base_full[speed] / row[speed]
+        rate(row, base_full, speed)
         row["within_budget"] = all(b.holds(row, base_full) for b in budgets)
     feasible = [r for r in [base_full, *measured] if r["within_budget"]]
     best = (

@@ -343,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     ...]``."""
     import argparse
 
+    from fastdiff.eval.record import write_record
     from fastdiff.eval.select import add_selection_arguments, select_guidance
 
     parser = argparse.ArgumentParser(prog="python -m fastdiff.zoo.reference_flow")
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
         for scale in args.guidance:  # one scale at a time, the JSON rewritten after each
             rows += evaluate_flow(args.model, (scale,), args.n, args.steps, args.seed, args.threads)
             if args.json:
-                Path(args.json).write_text(json.dumps({"model": str(args.model), "rows": rows}, indent=2))
+                write_record(args.json, {"model": str(args.model), "rows": rows}, benchmark="reference_flow")
 
 
 if __name__ == "__main__":

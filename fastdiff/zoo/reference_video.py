@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     DIR --json OUT`` (the default guidance chosen on selection seeds and reported on report seeds)."""
     import argparse
 
+    from fastdiff.eval.record import write_record
     from fastdiff.eval.select import add_selection_arguments, select_guidance
 
     parser = argparse.ArgumentParser(prog="python -m fastdiff.zoo.reference_video")
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     for scale in args.guidance:
         rows.append(evaluate_video(args.model, scale, args.n, args.steps, args.seed, args.threads))
         if args.json:  # rewritten after each scale
-            Path(args.json).write_text(json.dumps(build_results(args.model, rows), indent=1))
+            write_record(args.json, build_results(args.model, rows), benchmark="reference_video", indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 from diffusers import DDPMScheduler
 
 from fastdiff import load_pipeline
-from fastdiff.eval import QUALITY
+from fastdiff.eval import QUALITY, quality_for
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
 from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr, ssim
@@ -123,9 +123,10 @@ def test_fd_floor_validates_n(split, classifier):
 
 
 def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, classifier):
-    assert QUALITY["ClassConditionalPipeline"] is digits_quality
     pipe = load_pipeline(build_dir)
     assert type(pipe) is ClassConditionalPipeline
+    assert quality_for(pipe) is digits_quality  # from the fastdiff.quality entry points, loaded on first use
+    assert QUALITY["ClassConditionalPipeline"] is digits_quality
     assert pipeline_directory(pipe) == build_dir
     kwargs = {"class_labels": split["y_test"].tolist(), "num_inference_steps": 50}
     result = digits_quality(pipe, kwargs, nhwc(split["x_test"]), seed=0)

@@ -120,6 +120,24 @@ def test_check_refuses_a_results_file_without_provenance(tmp_path, monkeypatch, 
     )
 
 
+def test_check_applies_the_record_rules_to_files_written_as_records(tmp_path, monkeypatch, rp):
+    pages = rp.pages
+    monkeypatch.setattr(pages, "LEGACY", tmp_path / "legacy.txt")
+    (tmp_path / "legacy.txt").write_text("# header\n")
+    record = {"record": 1, "benchmark": "x", "command": "python x.py", "commit": "abc", "date": "2026-12-05",
+              "device": "cpu", "load": {"start": 0.1, "end": 0.2}}  # fmt: skip
+    good = {
+        **record,
+        "rows": [{"speedup": 2.0, "speedup_min": 1.9, "speedup_max": 2.1}, {"speedup": 3.0, "runs": 1}],
+    }
+    assert pages.provenance_errors({"good": good}) == []
+    bad = {**record, "rows": [{"name": "a", "cpu_speedup": 2.0}]}
+    (error,) = pages.provenance_errors({"bad": bad})
+    assert error.startswith(
+        "benchmarks/results/bad.json: $.rows[0].cpu_speedup: a speed ratio needs its spread"
+    )
+
+
 def test_every_results_file_has_a_described_section(rp):
     sections = rp.pages.SECTIONS
     stems = {p.stem for p in (ROOT / "benchmarks" / "results").glob("*.json")}
