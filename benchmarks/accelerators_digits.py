@@ -75,34 +75,41 @@ def bench(args) -> None:
         ("lowrank 0.9 recovered", SAMPLER),
         ("experts 0.75", f"{SAMPLER};experts(models={pruned}|self,boundaries=0.75)"),
     ]
-    result = run_bench(model, configs, steps=None, runs=args.runs, seed=args.seed, threads=1, batch=args.images,
-                       max_load=args.max_load,
-                       models={"prune 0.5 recovered": pruned, "lowrank 0.9 recovered": lowrank})  # fmt: skip
+    result = run_bench(
+        model,
+        configs,
+        steps=None,
+        runs=args.runs,
+        seed=args.seed,
+        threads=1,
+        batch=args.images,
+        max_load=args.max_load,
+        models={"prune 0.5 recovered": pruned, "lowrank 0.9 recovered": lowrank},
+    )
     rows = result["configs"]
     sizes = {"prune 0.5 recovered": pruned, "lowrank 0.9 recovered": lowrank}
     for row in rows:  # the denoiser's parameters as the row ran it (the low-rank one factored again)
-        fp = (
-            load_compressed(sizes[row["name"]])
-            if row["name"] in sizes
-            else FastPipeline.from_pretrained(model)
-        )
+        fp = load_compressed(sizes[row["name"]]) if row["name"] in sizes else FastPipeline.from_pretrained(model)
         row["params"] = sum(p.numel() for p in fp.denoiser.parameters())
     dpm = next(r for r in rows if r["name"] == "dpm++2m 20")
     for row in rows:
-        row["vs_dpm"] = {
-            k: v for k, v in spread(row, dpm).items() if k.startswith(("speedup", "cpu_speedup"))
-        }
+        row["vs_dpm"] = {k: v for k, v in spread(row, dpm).items() if k.startswith(("speedup", "cpu_speedup"))}
     for name in COMPRESSIONS:
         manifest = json.loads((compressed_dir(work, name) / MANIFEST).read_text())
-        result.setdefault("compressed", {})[name] = {"dir": str(compressed_dir(work, name)), "specs": manifest["specs"],
-                                                     "recover": manifest["recover"]}  # fmt: skip
+        result.setdefault("compressed", {})[name] = {
+            "dir": str(compressed_dir(work, name)),
+            "specs": manifest["specs"],
+            "recover": manifest["recover"],
+        }
     path = Path(args.json)
     write_record(path, result, benchmark="accelerators_digits")
     for row in rows:
         v = row["vs_dpm"]
-        print(f"{row['name']:24s} {row['accuracy']:.3f} FD {row['fd']:.2f} vs ddim {row['cpu_speedup']:.2f}x "
-              f"vs dpm {v['cpu_speedup']:.2f}x [{v['cpu_speedup_min']:.2f}, {v['cpu_speedup_max']:.2f}] "
-              f"{v['cpu_speedup_verdict']}")  # fmt: skip
+        print(
+            f"{row['name']:24s} {row['accuracy']:.3f} FD {row['fd']:.2f} vs ddim {row['cpu_speedup']:.2f}x "
+            f"vs dpm {v['cpu_speedup']:.2f}x [{v['cpu_speedup_min']:.2f}, {v['cpu_speedup_max']:.2f}] "
+            f"{v['cpu_speedup_verdict']}"
+        )
     print(f"wrote {path}")
 
 

@@ -140,14 +140,11 @@ def table(rows: list[dict]) -> str:
     keys = ["name", "seconds_median", "speedup", "cpu_seconds_median", "cpu_speedup", "nfe", "deep_passes"]
     keys += ["psnr", "ssim"] + [k for k in ("accuracy", "fd", "fd_floor") if k in rows[0]]
     cells = [
-        [k]
-        + [f"{r[k]:.4g}" if isinstance(r[k], float) else ("-" if r[k] is None else str(r[k])) for r in rows]
+        [k] + [f"{r[k]:.4g}" if isinstance(r[k], float) else ("-" if r[k] is None else str(r[k])) for r in rows]
         for k in keys
     ]
     widths = [max(len(c) for c in column) for column in cells]
-    return "\n".join(
-        "  ".join(col[i].ljust(w) for col, w in zip(cells, widths)) for i in range(len(rows) + 1)
-    )
+    return "\n".join("  ".join(col[i].ljust(w) for col, w in zip(cells, widths)) for i in range(len(rows) + 1))
 
 
 def main(argv=None) -> None:

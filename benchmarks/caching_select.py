@@ -40,9 +40,7 @@ FIT = "benchmarks/results/moving_digits_teacache_fit.json"  # TeaCache's polynom
 def families(teacache: str, thresholds: tuple[float, ...], mag: tuple[float, ...]) -> dict[str, list[str]]:
     """Family -> candidate NAME=SETTING, at matched settings of their kind."""
     return {
-        "fd-teacache": [
-            f"fd-teacache-{t}=blockcache(mode=teacache,threshold={t}{teacache})" for t in thresholds
-        ],
+        "fd-teacache": [f"fd-teacache-{t}=blockcache(mode=teacache,threshold={t}{teacache})" for t in thresholds],
         "hf-magcache": [f"hf-magcache-{t}=hf-magcache:{t}:3" for t in mag],
         "fd-forecast": [f"fd-forecast-{n}=forecast(order=1,interval={n},warmup={n})" for n in (2, 3, 4)],
         "hf-taylorseer": [f"hf-taylorseer-{n}=hf-taylorseer:{n}:{n}:1" for n in (2, 3, 4)],
@@ -50,18 +48,38 @@ def families(teacache: str, thresholds: tuple[float, ...], mag: tuple[float, ...
 
 
 PRESETS = {
-    "digits-flow": {"steps": 28, "baseline": "euler-28=none", "out": RESULTS / "flow_caching.json",
-                    "families": families("", (0.08, 0.12, 0.2, 0.3), (0.1, 0.15, 0.25))},
-    "moving-digits": {"steps": 50, "baseline": "unipc-50=none", "out": RESULTS / "video_caching.json",
-                      "families": families(f",fit={FIT}", (0.1, 0.2, 0.3), (0.1, 0.15, 0.25))},
-}  # fmt: skip
+    "digits-flow": {
+        "steps": 28,
+        "baseline": "euler-28=none",
+        "out": RESULTS / "flow_caching.json",
+        "families": families("", (0.08, 0.12, 0.2, 0.3), (0.1, 0.15, 0.25)),
+    },
+    "moving-digits": {
+        "steps": 50,
+        "baseline": "unipc-50=none",
+        "out": RESULTS / "video_caching.json",
+        "families": families(f",fit={FIT}", (0.1, 0.2, 0.3), (0.1, 0.15, 0.25)),
+    },
+}
 
 
-def flow_caching(
-    model: str, steps: int, configs: list[str], images: int, runs: int, seed: int, out: Path
-) -> dict:
-    command = [sys.executable, str(HERE / "flow_caching.py"), "--model", model, "--steps", str(steps), "--images",
-               str(images), "--runs", str(runs), "--seed", str(seed), "--out", str(out)]  # fmt: skip
+def flow_caching(model: str, steps: int, configs: list[str], images: int, runs: int, seed: int, out: Path) -> dict:
+    command = [
+        sys.executable,
+        str(HERE / "flow_caching.py"),
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--images",
+        str(images),
+        "--runs",
+        str(runs),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ]
     for config in configs:
         command += ["--config", config]
     subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -80,10 +98,21 @@ def pick(rows: list[dict], candidates: list[str]) -> tuple[str, list[dict]]:
     verdicts = []
     for config in candidates:
         row = by_name[config.split("=", 1)[0]]
-        ok = (row["psnr"] >= MIN_PSNR and row["accuracy"] >= base["accuracy"] - ACCURACY_BUDGET
-              and row["fd"] <= (1 + FD_BUDGET) * base["fd"])  # fmt: skip
-        verdicts.append({"config": config, "cpu_median": row["cpu_median"], "psnr": row["psnr"],
-                         "accuracy": row["accuracy"], "fd": row["fd"], "within_budget": ok})  # fmt: skip
+        ok = (
+            row["psnr"] >= MIN_PSNR
+            and row["accuracy"] >= base["accuracy"] - ACCURACY_BUDGET
+            and row["fd"] <= (1 + FD_BUDGET) * base["fd"]
+        )
+        verdicts.append(
+            {
+                "config": config,
+                "cpu_median": row["cpu_median"],
+                "psnr": row["psnr"],
+                "accuracy": row["accuracy"],
+                "fd": row["fd"],
+                "within_budget": ok,
+            }
+        )
     allowed = [v for v in verdicts if v["within_budget"]]
     if not allowed:
         return "", verdicts
@@ -114,15 +143,17 @@ def main() -> None:
     for family, configs in preset["families"].items():
         picks[family], verdicts[family] = pick(selection["rows"], configs)
     chosen = [c for c in picks.values() if c]
-    report = flow_caching(
-        args.model, steps, [baseline, *chosen], args.images, args.runs, args.report_seed, out
-    )
-    report["selection"] = {"file": os.path.relpath(selection_out, HERE.parent), "seed": args.selection_seed,
-                           "report_seed": args.report_seed,
-                           "rule": f"per family, the fastest candidate with PSNR >= {MIN_PSNR:g} dB against the "
-                                   f"uncached images, accuracy >= the baseline's - {ACCURACY_BUDGET} and FD <= "
-                                   f"{1 + FD_BUDGET:g}x the baseline's, on the selection seed",
-                           "picks": picks, "candidates": verdicts}  # fmt: skip
+    report = flow_caching(args.model, steps, [baseline, *chosen], args.images, args.runs, args.report_seed, out)
+    report["selection"] = {
+        "file": os.path.relpath(selection_out, HERE.parent),
+        "seed": args.selection_seed,
+        "report_seed": args.report_seed,
+        "rule": f"per family, the fastest candidate with PSNR >= {MIN_PSNR:g} dB against the "
+        f"uncached images, accuracy >= the baseline's - {ACCURACY_BUDGET} and FD <= "
+        f"{1 + FD_BUDGET:g}x the baseline's, on the selection seed",
+        "picks": picks,
+        "candidates": verdicts,
+    }
     write_record(out, report, benchmark="caching_select", indent=1)
     for family, config in picks.items():
         print(f"{family}: {config or 'no candidate within the budget'}")

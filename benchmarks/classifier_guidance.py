@@ -69,8 +69,14 @@ class Runner:
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         finally:
             handle.remove()
-        row = {"specs": specs, "steps": steps, "guidance": guidance, "seconds": wall, "cpu_seconds": cpu,
-               "denoiser_calls": self.fp.context.nfe}  # fmt: skip
+        row = {
+            "specs": specs,
+            "steps": steps,
+            "guidance": guidance,
+            "seconds": wall,
+            "cpu_seconds": cpu,
+            "denoiser_calls": self.fp.context.nfe,
+        }
         if quality:
             row.update(self.evaluate(self.fp.pipe, call, np.asarray(images), 0))
         return row
@@ -81,9 +87,7 @@ def sweep(runner: Runner, clf: str, steps: int) -> list[dict]:
     configs += [(f"uncond cg{s:g}", f"{SAMPLER};{cg(clf, s)}") for s in (0, 1, 2, 3, 4, 6, 8)]
     for start, end in WINDOWS:
         configs.append((f"uncond cg4 [{start},{end})", f"{SAMPLER};{cg(clf, 4, start=start, end=end)}"))
-    configs += [
-        (f"uncond cg{s:g} [0.2,1.0)", f"{SAMPLER};{cg(clf, s, start=0.2, end=1.0)}") for s in (3, 5, 6)
-    ]
+    configs += [(f"uncond cg{s:g} [0.2,1.0)", f"{SAMPLER};{cg(clf, s, start=0.2, end=1.0)}") for s in (3, 5, 6)]
     configs += [(f"cond cg{s:g}", f"{SAMPLER};{cg(clf, s, unconditional=False)}") for s in (1, 2)]
     rows = []
     for name, specs in configs:
@@ -106,12 +110,13 @@ def overhead(runner: Runner, clf: str, steps: int, rounds: int, pick: dict) -> d
             b = runner.call(f"{SAMPLER};{spec}", steps, quality=False)
             pairs.append((a["seconds"], b["seconds"], a["cpu_seconds"], b["cpu_seconds"]))
         out[name] = {
-            "specs": spec, "pairs": pairs,
+            "specs": spec,
+            "pairs": pairs,
             "extra_wall": statistics.median(g / u - 1 for u, g, _, _ in pairs),
             "extra_cpu": statistics.median(g / u - 1 for _, _, u, g in pairs),
             "unguided_seconds": statistics.median(p[0] for p in pairs),
             "guided_seconds": statistics.median(p[1] for p in pairs),
-        }  # fmt: skip
+        }
         print(f"overhead {name}: wall +{out[name]['extra_wall']:.1%}, CPU +{out[name]['extra_cpu']:.1%}")
     return out
 
@@ -135,8 +140,11 @@ def equal_compute(runner: Runner, clf: str, cfg_steps: list[int], pick: dict, ro
             timings[name].append((row["seconds"], row["cpu_seconds"]))
             rows[name].update(row if i == 0 else {})
     for name, row in rows.items():
-        row.update(timings=timings[name], seconds_median=statistics.median(t[0] for t in timings[name]),
-                   cpu_seconds_median=statistics.median(t[1] for t in timings[name]))  # fmt: skip
+        row.update(
+            timings=timings[name],
+            seconds_median=statistics.median(t[0] for t in timings[name]),
+            cpu_seconds_median=statistics.median(t[1] for t in timings[name]),
+        )
         print(_line(row), flush=True)
     return list(rows.values())
 
@@ -157,13 +165,17 @@ def render(result: dict) -> str:
 
     def row(r: dict) -> str:
         seconds = r.get("seconds_median", r["seconds"])
-        return f"| {r['name']} | {r['steps']} | {r['guidance']:g} | {r['accuracy']:.1%} | {r['fd']:.2f} | {seconds:.1f} |"
+        return (
+            f"| {r['name']} | {r['steps']} | {r['guidance']:g} | {r['accuracy']:.1%} | {r['fd']:.2f} | {seconds:.1f} |"
+        )
 
     lines = ["### Sweep", head, *map(row, result["sweep"]), "", "### Overhead (paired rounds)"]
     lines += ["| guided config | unguided s | guided s | extra wall | extra CPU |", "|---|---|---|---|---|"]
     for name, o in result["overhead"].items():
-        lines.append(f"| {name} | {o['unguided_seconds']:.1f} | {o['guided_seconds']:.1f} | "
-                     f"{o['extra_wall']:+.1%} | {o['extra_cpu']:+.1%} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {o['unguided_seconds']:.1f} | {o['guided_seconds']:.1f} | "
+            f"{o['extra_wall']:+.1%} | {o['extra_cpu']:+.1%} |"
+        )
     lines += [
         "",
         "### Equal compute (median of interleaved rounds)",
@@ -195,17 +207,31 @@ def main() -> None:
     model = ensure_digits(args.model)
     clf = Path(args.classifier or model / "noisy_classifier.pt")
     if not clf.is_file():
-        cmd_train_classifier(SimpleNamespace(model=str(model), out=str(clf), size="bench", data=None, steps=3000,
-                                             batch_size=128, lr=2e-3, widths=[16, 32, 64], seed=0, threads=None))  # fmt: skip
+        cmd_train_classifier(
+            SimpleNamespace(
+                model=str(model),
+                out=str(clf),
+                size="bench",
+                data=None,
+                steps=3000,
+                batch_size=128,
+                lr=2e-3,
+                widths=[16, 32, 64],
+                seed=0,
+                threads=None,
+            )
+        )
     report = Path(f"{clf}.json")
     pick = {"scale": args.scale, "start": args.start, "end": args.end}
     runner, load = Runner(model, args.batch), [os.getloadavg()[0]]
-    result = {"settings": {**vars(args), "sampler": SAMPLER, "classifier": str(clf)},
-              "classifier_report": json.loads(report.read_text()) if report.is_file() else None,
-              "sweep": sweep(runner, str(clf), args.steps),
-              "overhead": overhead(runner, str(clf), args.steps, args.rounds, pick),
-              "equal_compute": equal_compute(runner, str(clf), args.cfg_steps, pick, max(1, args.rounds - 1)),
-              "load_average": load}  # fmt: skip
+    result = {
+        "settings": {**vars(args), "sampler": SAMPLER, "classifier": str(clf)},
+        "classifier_report": json.loads(report.read_text()) if report.is_file() else None,
+        "sweep": sweep(runner, str(clf), args.steps),
+        "overhead": overhead(runner, str(clf), args.steps, args.rounds, pick),
+        "equal_compute": equal_compute(runner, str(clf), args.cfg_steps, pick, max(1, args.rounds - 1)),
+        "load_average": load,
+    }
     result["load_average"].append(os.getloadavg()[0])
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_record(Path(args.json), result, benchmark="classifier_guidance", indent=2)

@@ -21,13 +21,36 @@ from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 VARIANTS = (
-    "tiny-sd", "tiny-sd-img2img", "tiny-sd-inpaint", "tiny-sd-controlnet", "tiny-sd-controlnet-img2img",
-    "tiny-sd-controlnet-inpaint", "tiny-sd-adapter", "tiny-sdxl", "tiny-sdxl-img2img", "tiny-sdxl-inpaint",
-    "tiny-sdxl-controlnet", "tiny-dit", "tiny-ddpm", "tiny-flux", "tiny-flux-schnell", "tiny-flux-img2img",
-    "tiny-flux-inpaint", "tiny-flux-controlnet", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-sd3-img2img",
-    "tiny-sd3-controlnet", "tiny-sana", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-qwen-image-img2img",
-    "tiny-qwen-image-inpaint", "tiny-zimage",
-)  # fmt: skip
+    "tiny-sd",
+    "tiny-sd-img2img",
+    "tiny-sd-inpaint",
+    "tiny-sd-controlnet",
+    "tiny-sd-controlnet-img2img",
+    "tiny-sd-controlnet-inpaint",
+    "tiny-sd-adapter",
+    "tiny-sdxl",
+    "tiny-sdxl-img2img",
+    "tiny-sdxl-inpaint",
+    "tiny-sdxl-controlnet",
+    "tiny-dit",
+    "tiny-ddpm",
+    "tiny-flux",
+    "tiny-flux-schnell",
+    "tiny-flux-img2img",
+    "tiny-flux-inpaint",
+    "tiny-flux-controlnet",
+    "tiny-flux2",
+    "tiny-flux2-klein",
+    "tiny-sd3",
+    "tiny-sd3-img2img",
+    "tiny-sd3-controlnet",
+    "tiny-sana",
+    "tiny-pixart-sigma",
+    "tiny-qwen-image",
+    "tiny-qwen-image-img2img",
+    "tiny-qwen-image-inpaint",
+    "tiny-zimage",
+)
 
 
 def symbol(cell: dict) -> str:
@@ -80,8 +103,16 @@ def main() -> None:
         pipe.set_progress_bar_config(disable=True)
         for accelerator in accelerators:
             cell = check_cell(pipe, matrix_spec(accelerator, pipe), variant)
-            cells.append(dict(variant=variant, accelerator=accelerator, spec=cell.spec, status=cell.status,
-                              notes=cell.notes, failures=cell.failures))  # fmt: skip
+            cells.append(
+                dict(
+                    variant=variant,
+                    accelerator=accelerator,
+                    spec=cell.spec,
+                    status=cell.status,
+                    notes=cell.notes,
+                    failures=cell.failures,
+                )
+            )
             bar.update()
     bar.close()
     result = {"seconds": round(time.perf_counter() - start, 1), "cells": cells}

@@ -90,8 +90,13 @@ def main() -> None:
         fp.accelerate(args.scheduler)
         params, macs = count_params_macs(fp.denoiser, capture_inputs(fp, batch=1))
         manifest = json.loads((dirs[label] / MANIFEST).read_text()) if label in dirs else {}
-        rows[label] = {"params": params, "macs_per_image": macs, "seconds": [], "cpu_seconds": [],
-                       "recover": manifest.get("recover")}  # fmt: skip
+        rows[label] = {
+            "params": params,
+            "macs_per_image": macs,
+            "seconds": [],
+            "cpu_seconds": [],
+            "recover": manifest.get("recover"),
+        }
     call = dict(make_inputs(pipes["original"].pipe, args.images), output_type="np")
     for fp in pipes.values():  # warm-up: first calls at a new batch shape pay one-time costs
         fp(**dict(call, num_inference_steps=2), generator=torch.Generator().manual_seed(0))
@@ -112,18 +117,26 @@ def main() -> None:
         row["macs_ratio"] = row["macs_per_image"] / base["macs_per_image"]
         row["accuracy_drop_points"] = 100 * (base["accuracy"] - row["accuracy"])
     result = {
-        "model": str(model), "images": args.images, "sampler": args.scheduler, "threads": 1, "runs": args.runs,
-        "build_seconds": round(build_seconds, 1), "load_average_1min_at_timing": load,
-        "compressions": settings, "rows": rows,
-    }  # fmt: skip
+        "model": str(model),
+        "images": args.images,
+        "sampler": args.scheduler,
+        "threads": 1,
+        "runs": args.runs,
+        "build_seconds": round(build_seconds, 1),
+        "load_average_1min_at_timing": load,
+        "compressions": settings,
+        "rows": rows,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_record(Path(args.json), result, benchmark="compress_digits", indent=2)
     print(
         f"{'model':28} {'params':>8} {'MACs/img':>10} {'s':>7} {'speedup':>7} {'cpu':>5} {'acc':>6} {'fd':>7} (load {load:.1f})"
     )
     for label, r in rows.items():
-        print(f"{label:28} {r['params_ratio']:8.1%} {r['macs_ratio']:10.1%} {r['seconds_median']:7.1f} "
-              f"{r['speedup']:7.2f} {r['cpu_speedup']:5.2f} {r['accuracy']:6.3f} {r['fd']:7.2f}")  # fmt: skip
+        print(
+            f"{label:28} {r['params_ratio']:8.1%} {r['macs_ratio']:10.1%} {r['seconds_median']:7.1f} "
+            f"{r['speedup']:7.2f} {r['cpu_speedup']:5.2f} {r['accuracy']:6.3f} {r['fd']:7.2f}"
+        )
 
 
 if __name__ == "__main__":

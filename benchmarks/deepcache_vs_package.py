@@ -115,26 +115,24 @@ def main(argv=None) -> dict:
     rows = []
     for name in names:
         steps = profile[name]
-        full = (
-            [s for step, s in steps if step % args.interval == 0]
-            if name != "no cache"
-            else [s for _, s in steps]
-        )
+        full = [s for step, s in steps if step % args.interval == 0] if name != "no cache" else [s for _, s in steps]
         cached = [s for step, s in steps if step % args.interval != 0] if name != "no cache" else []
-        rows.append({
-            "name": name,
-            "seconds_median": statistics.median(seconds[name]),
-            "seconds": seconds[name],
-            **ratio_spread(seconds[name], seconds["no cache"], "speedup", baseline=name == "no cache"),
-            "cpu_seconds_median": statistics.median(cpu[name]),
-            "cpu_seconds": cpu[name],
-            **ratio_spread(cpu[name], cpu["no cache"], "cpu_speedup", baseline=name == "no cache"),
-            "psnr": None if name == "no cache" else psnr(images[name], images["no cache"]),
-            "ssim": None if name == "no cache" else ssim(images[name], images["no cache"]),
-            "nfe": nfe[name],
-            "unet_full_cpu_ms": 1000 * statistics.median(full),
-            "unet_cached_cpu_ms": 1000 * statistics.median(cached) if cached else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "seconds_median": statistics.median(seconds[name]),
+                "seconds": seconds[name],
+                **ratio_spread(seconds[name], seconds["no cache"], "speedup", baseline=name == "no cache"),
+                "cpu_seconds_median": statistics.median(cpu[name]),
+                "cpu_seconds": cpu[name],
+                **ratio_spread(cpu[name], cpu["no cache"], "cpu_speedup", baseline=name == "no cache"),
+                "psnr": None if name == "no cache" else psnr(images[name], images["no cache"]),
+                "ssim": None if name == "no cache" else ssim(images[name], images["no cache"]),
+                "nfe": nfe[name],
+                "unet_full_cpu_ms": 1000 * statistics.median(full),
+                "unet_cached_cpu_ms": 1000 * statistics.median(cached) if cached else None,
+            }
+        )
     ours, package = rows[2], rows[1]
     per_round = [p / o for p, o in zip(cpu["DeepCache package"], cpu["fastdiff deepcache"])]
     per_round_wall = [p / o for p, o in zip(seconds["DeepCache package"], seconds["fastdiff deepcache"])]
@@ -151,17 +149,22 @@ def main(argv=None) -> dict:
     summary["target_met"] = summary["ours_vs_package"] >= 1.0 and summary["psnr_ours_minus_package"] >= -0.5
     result = {
         "settings": {
-            "model": f"tiny-sd {args.size}", "scheduler": f"dpm++2m {args.steps} steps", "guidance": args.guidance,
-            "batch": 1, "threads": args.threads, "rounds": args.runs, "interval": args.interval,
-            "branch": args.branch, "loadavg_before": load_before, "loadavg_after": load_after,
+            "model": f"tiny-sd {args.size}",
+            "scheduler": f"dpm++2m {args.steps} steps",
+            "guidance": args.guidance,
+            "batch": 1,
+            "threads": args.threads,
+            "rounds": args.runs,
+            "interval": args.interval,
+            "branch": args.branch,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
         },
         "configs": rows,
         "summary": summary,
-    }  # fmt: skip
+    }
 
-    header = (
-        f"{'config':<20} {'wall s':>7} {'speedup':>7} {'CPU s':>7} {'speedup':>7} {'PSNR dB':>8} {'SSIM':>7} "
-    )
+    header = f"{'config':<20} {'wall s':>7} {'speedup':>7} {'CPU s':>7} {'speedup':>7} {'PSNR dB':>8} {'SSIM':>7} "
     print(header + f"{'NFE':>4} {'UNet full CPU ms':>16} {'UNet cached CPU ms':>18}")
     for row in rows:
         cells = [

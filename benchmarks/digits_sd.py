@@ -36,8 +36,12 @@ CONFIGS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path(".fastdiff-cache/digits-sd"),
-                        help="a digits-sd build (the shipped one is installed there if absent)")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=Path(".fastdiff-cache/digits-sd"),
+        help="a digits-sd build (the shipped one is installed there if absent)",
+    )
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--guidance", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=1)
@@ -46,11 +50,26 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.model / "model_index.json").is_file():
         install(args.model, "digits-sd")
-    result = run_bench(args.model, CONFIGS, steps=None, runs=args.runs, threads=args.threads, batch=args.batch,
-                       guidance=args.guidance, json_path=args.out)  # fmt: skip
+    result = run_bench(
+        args.model,
+        CONFIGS,
+        steps=None,
+        runs=args.runs,
+        threads=args.threads,
+        batch=args.batch,
+        guidance=args.guidance,
+        json_path=args.out,
+    )
     print(format_table(result), flush=True)
-    low = run_bench(args.model, [("dpm++2m 20, guidance 2", DPM)], steps=None, runs=args.runs, threads=args.threads,
-                    batch=args.batch, guidance=2.0)  # fmt: skip
+    low = run_bench(
+        args.model,
+        [("dpm++2m 20, guidance 2", DPM)],
+        steps=None,
+        runs=args.runs,
+        threads=args.threads,
+        batch=args.batch,
+        guidance=2.0,
+    )
     result["guidance_2"] = low["configs"][0]
     result["model_report"] = json.loads((args.model / "eval" / "report.json").read_text())
     write_record(args.out, result, benchmark="digits_sd", indent=2)

@@ -40,9 +40,7 @@ def training_records(root: Path) -> dict:
             "device": sorted({r.get("device") for r in reports if r.get("device")}),
             "trainable_parameters": reports[0].get("trainable_parameters"),
             "parameters": reports[0].get("parameters"),
-            "rounds": {
-                k: {"steps": r.get("steps"), "wall_seconds": r.get("seconds")} for k, r in rounds.items()
-            },
+            "rounds": {k: {"steps": r.get("steps"), "wall_seconds": r.get("seconds")} for k, r in rounds.items()},
         }
     return records
 
@@ -78,16 +76,16 @@ def bench_table(result: dict) -> str:
 def training_table(records: dict) -> str:
     lines = ["| student | training steps | wall time | peak memory | device |", "|---|---|---|---|---|"]
     for name, r in records.items():
-        lines.append(f"| {name} | {r['train_steps']} | {r['wall_seconds'] / 60:.1f} min | "
-                     f"{r['peak_memory_mib']:.0f} MiB | {', '.join(r['device'])} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {r['train_steps']} | {r['wall_seconds'] / 60:.1f} min | "
+            f"{r['peak_memory_mib']:.0f} MiB | {', '.join(r['device'])} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--students", type=Path, help="root of train_students.sh (refreshes the training JSON)"
-    )
+    parser.add_argument("--students", type=Path, help="root of train_students.sh (refreshes the training JSON)")
     args = parser.parse_args()
     training = RESULTS / "distill_training.json"
     if args.students:

@@ -82,17 +82,24 @@ def build(args) -> None:
     out = Path(args.work) / f"prune-{steps}-lr{args.lr:g}-b{args.batch}"
     started = time.perf_counter()
     if args.rebuild or not (out / MANIFEST).is_file():
-        report = compress_model(
-            model, out, args.spec, recover_steps=steps, batch=args.batch, lr=args.lr, resume=True
-        )
+        report = compress_model(model, out, args.spec, recover_steps=steps, batch=args.batch, lr=args.lr, resume=True)
     else:
         report = json.loads((out / MANIFEST).read_text())
-    build = {"model": str(model), "out": str(out), "specs": args.spec, "recover_steps": steps, "lr": args.lr,
-             "batch": args.batch, "threads": torch.get_num_threads(), "probe_seconds_per_step": rate,
-             "probe_seconds_per_step_by_threads": rates,
-             "minutes_budget": args.minutes if args.steps is None else None,
-             "seconds": round(time.perf_counter() - started, 1), "recover": report.get("recover"),
-             "load_average_1min_at_end": os.getloadavg()[0]}  # fmt: skip
+    build = {
+        "model": str(model),
+        "out": str(out),
+        "specs": args.spec,
+        "recover_steps": steps,
+        "lr": args.lr,
+        "batch": args.batch,
+        "threads": torch.get_num_threads(),
+        "probe_seconds_per_step": rate,
+        "probe_seconds_per_step_by_threads": rates,
+        "minutes_budget": args.minutes if args.steps is None else None,
+        "seconds": round(time.perf_counter() - started, 1),
+        "recover": report.get("recover"),
+        "load_average_1min_at_end": os.getloadavg()[0],
+    }
     path = Path(args.build_json)
     write_record(path, build, benchmark="experts_digits", indent=1)
     print(f"built {out} ({steps} steps) in {build['seconds']:.0f} s; report {path}")
@@ -113,12 +120,14 @@ def bench(args) -> None:
         if specs:
             fp.accelerate(specs)
         pipes[name] = fp
-        rows[name] = {"specs": ";".join(s for s in (args.scheduler, specs) if s), "model": str(path),
-                      "seconds": [], "cpu_seconds": []}  # fmt: skip
+        rows[name] = {
+            "specs": ";".join(s for s in (args.scheduler, specs) if s),
+            "model": str(path),
+            "seconds": [],
+            "cpu_seconds": [],
+        }
     full_params, full_macs = count_params_macs(pipes["full"].denoiser, capture_inputs(pipes["full"], batch=1))
-    pruned_params, pruned_macs = count_params_macs(
-        pipes["pruned"].denoiser, capture_inputs(pipes["pruned"], batch=1)
-    )
+    pruned_params, pruned_macs = count_params_macs(pipes["pruned"].denoiser, capture_inputs(pipes["pruned"], batch=1))
     call = dict(make_inputs(pipes["full"].pipe, args.images), output_type="np")
     for fp in pipes.values():  # warm-up: first calls at a new batch shape pay one-time costs
         fp(**dict(call, num_inference_steps=2), generator=torch.Generator().manual_seed(0))
@@ -131,8 +140,10 @@ def bench(args) -> None:
             rows[name]["seconds"].append(time.perf_counter() - start)
             rows[name]["cpu_seconds"].append(time.process_time() - start_cpu)
             rows[name]["denoiser_calls"] = fp.context.nfe
-        print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{n} {r['cpu_seconds'][-1]:.1f}s" for n, r in rows.items()),
-              flush=True)  # fmt: skip
+        print(
+            f"run {run + 1}/{args.runs}: " + ", ".join(f"{n} {r['cpu_seconds'][-1]:.1f}s" for n, r in rows.items()),
+            flush=True,
+        )
     for name, fp in pipes.items():
         rows[name].update(quality_for(fp.pipe)(fp.pipe, call, outputs[name], args.seed))
     base = rows["full"]
@@ -145,15 +156,22 @@ def bench(args) -> None:
         )
     build_path = Path(args.build_json)
     result = {
-        "model": str(model), "pruned": str(pruned), "images": args.images, "seed": args.seed,
-        "sampler": args.scheduler, "guidance_scale": call.get("guidance_scale"), "threads": 1, "runs": args.runs,
-        "load_average_1min_at_start": load_start, "load_average_1min_at_end": os.getloadavg()[0],
+        "model": str(model),
+        "pruned": str(pruned),
+        "images": args.images,
+        "seed": args.seed,
+        "sampler": args.scheduler,
+        "guidance_scale": call.get("guidance_scale"),
+        "threads": 1,
+        "runs": args.runs,
+        "load_average_1min_at_start": load_start,
+        "load_average_1min_at_end": os.getloadavg()[0],
         "params": {"full": full_params, "pruned": pruned_params},
         "macs_per_image": {"full": full_macs, "pruned": pruned_macs},
         "build": json.loads(build_path.read_text()) if build_path.is_file() else None,
         "target": "some boundary >= 1.5x faster (CPU seconds) than full, accuracy within 1 point, FD within 10%",
         "rows": rows,
-    }  # fmt: skip
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_record(Path(args.json), result, benchmark="experts_digits", indent=1)
     print(table(result))
@@ -205,25 +223,17 @@ def verdict(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", choices=["build", "bench", "table"])
-    parser.add_argument(
-        "--model", default=".fastdiff-cache/digits", help="digits reference (installed if absent)"
-    )
+    parser.add_argument("--model", default=".fastdiff-cache/digits", help="digits reference (installed if absent)")
     parser.add_argument("--work", default="/tmp/fastdiff-experts-digits")
     parser.add_argument("--spec", default=SPEC, help="build: compression specs")
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--batch", type=int, default=BATCH, help="build: recovery batch")
     parser.add_argument("--minutes", type=float, default=22.0, help="build: recovery time budget")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="build: recovery steps (instead of --minutes)"
-    )
+    parser.add_argument("--steps", type=int, default=None, help="build: recovery steps (instead of --minutes)")
     parser.add_argument("--probe-steps", type=int, default=10)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="build: torch threads (0: probe 1 and all cores)"
-    )
+    parser.add_argument("--threads", type=int, default=0, help="build: torch threads (0: probe 1 and all cores)")
     parser.add_argument("--rebuild", action="store_true")
-    parser.add_argument(
-        "--pruned", default=None, help="bench: pruned model dir (default: the build report's)"
-    )
+    parser.add_argument("--pruned", default=None, help="bench: pruned model dir (default: the build report's)")
     parser.add_argument("--scheduler", default="scheduler(name=dpm++2m,steps=20)")
     parser.add_argument("--images", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)

@@ -101,8 +101,11 @@ def fbc_on_sd3(transformer, value):
     return install_hook(last, TextPassThrough(), "benchmark.text-pass-through")
 
 
-APPLY = {FirstBlockCacheConfig: apply_first_block_cache, TaylorSeerCacheConfig: apply_taylorseer_cache,
-         MagCacheConfig: apply_mag_cache}  # fmt: skip
+APPLY = {
+    FirstBlockCacheConfig: apply_first_block_cache,
+    TaylorSeerCacheConfig: apply_taylorseer_cache,
+    MagCacheConfig: apply_mag_cache,
+}
 
 
 def hook_names(module) -> set[str]:
@@ -137,12 +140,23 @@ def setting(text: str, mag_ratios=None):
         return ("diffusers", FirstBlockCacheConfig(threshold=float(args[0])))
     if name == "hf-taylorseer":
         interval, warmup, order = map(int, args)
-        return ("diffusers", TaylorSeerCacheConfig(cache_interval=interval, disable_cache_before_step=warmup,
-                                                   max_order=order, taylor_factors_dtype=torch.float32,
-                                                   **TAYLORSEER_IDENTIFIERS))  # fmt: skip
+        return (
+            "diffusers",
+            TaylorSeerCacheConfig(
+                cache_interval=interval,
+                disable_cache_before_step=warmup,
+                max_order=order,
+                taylor_factors_dtype=torch.float32,
+                **TAYLORSEER_IDENTIFIERS,
+            ),
+        )
     if name == "hf-magcache":
-        return ("diffusers", MagCacheConfig(threshold=float(args[0]), max_skip_steps=int(args[1]),
-                                            num_inference_steps=STEPS, mag_ratios=mag_ratios))  # fmt: skip
+        return (
+            "diffusers",
+            MagCacheConfig(
+                threshold=float(args[0]), max_skip_steps=int(args[1]), num_inference_steps=STEPS, mag_ratios=mag_ratios
+            ),
+        )
     raise ValueError(f"unknown diffusers config {text!r}; use hf-fbc, hf-taylorseer or hf-magcache")
 
 
@@ -169,8 +183,16 @@ def run(fp, config, prompts, seed: int = 0):
         _set_cache_context(transformer, CacheContext("cond"))
     try:
         start = time.process_time()
-        images = pixels(fp(prompt=prompts, guidance_scale=GUIDANCE["scale"], num_inference_steps=STEPS,
-                           output_type="np", generator=torch.Generator().manual_seed(seed), **CALL))  # fmt: skip
+        images = pixels(
+            fp(
+                prompt=prompts,
+                guidance_scale=GUIDANCE["scale"],
+                num_inference_steps=STEPS,
+                output_type="np",
+                generator=torch.Generator().manual_seed(seed),
+                **CALL,
+            )
+        )
         seconds = time.process_time() - start
     finally:
         if handle is not None:
@@ -222,9 +244,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS / "flow_caching.json"))
     parser.add_argument("--guidance", type=float, default=None, help="default: the model's bench guidance")
-    parser.add_argument(
-        "--fd-bootstrap", type=int, default=0, metavar="K", help="paired FD resamples (images only)"
-    )
+    parser.add_argument("--fd-bootstrap", type=int, default=0, metavar="K", help="paired FD resamples (images only)")
     parser.add_argument("--compare", action="append", default=[], metavar="A:B", help="FD difference A - B")
     parser.add_argument("--seed", type=int, default=0, help="the images' seed (and the floor's draws)")
     args = parser.parse_args()
@@ -245,9 +265,7 @@ def main() -> None:
     prompts = [base[i % len(base)] for i in range(args.images)]
     texts = [c.split("=", 1) for c in args.config]
     ratios = (
-        calibrate_magcache(fp, prompts[: args.warmup_images])
-        if any("hf-magcache" in t for _, t in texts)
-        else None
+        calibrate_magcache(fp, prompts[: args.warmup_images]) if any("hf-magcache" in t for _, t in texts) else None
     )
     configs = {name: setting(text, ratios) for name, text in texts}
     rows = {name: {"name": name, "setting": text, "cpu_seconds": []} for name, text in texts}
@@ -261,9 +279,7 @@ def main() -> None:
             row["cpu_seconds"].append(round(seconds, 2))
             row["computed"] = round(computed, 4)
             if r == 0:
-                row.update(
-                    {k: float(v) for k, v in score(fp.pipe, {"prompt": prompts}, images, args.seed).items()}
-                )
+                row.update({k: float(v) for k, v in score(fp.pipe, {"prompt": prompts}, images, args.seed).items()})
                 row["images"] = images
             print(name, row["cpu_seconds"], row["computed"], row.get("accuracy"), row.get("fd"), flush=True)
     first = rows[names[0]]
@@ -279,8 +295,19 @@ def main() -> None:
     spread = fd_differences(fp, rows, args.fd_bootstrap, args.compare) if args.fd_bootstrap else None
     for row in rows.values():
         row.pop("images")
-    result = {"model": args.model, "pipeline": type(fp.pipe).__name__, "steps": STEPS, "call": CALL, "guidance": GUIDANCE["scale"], "images": args.images, "runs": args.runs, "seed": args.seed,
-              "threads": 1, "mag_ratios": ratios, "rows": list(rows.values())}  # fmt: skip
+    result = {
+        "model": args.model,
+        "pipeline": type(fp.pipe).__name__,
+        "steps": STEPS,
+        "call": CALL,
+        "guidance": GUIDANCE["scale"],
+        "images": args.images,
+        "runs": args.runs,
+        "seed": args.seed,
+        "threads": 1,
+        "mag_ratios": ratios,
+        "rows": list(rows.values()),
+    }
     if spread:
         result["fd_bootstrap"] = spread
     write_record(Path(args.out), result, benchmark="flow_caching", indent=1)
@@ -290,9 +317,11 @@ def main() -> None:
     )
     for row in rows.values():
         ratio = f"{row['speedup']:.2f} ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}, {row['speedup_verdict']})"
-        print(f"{row['name']:28s} {row['cpu_median']:8.2f} {ratio:>30s} {row['computed']:9.3f} "
-              f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row.get('fd_ratio', float('nan')):9.2f} "
-              f"{row['psnr'] if row['psnr'] is not None else '-':>6}")  # fmt: skip
+        print(
+            f"{row['name']:28s} {row['cpu_median']:8.2f} {ratio:>30s} {row['computed']:9.3f} "
+            f"{row['accuracy']:6.3f} {row['fd']:7.2f} {row.get('fd_ratio', float('nan')):9.2f} "
+            f"{row['psnr'] if row['psnr'] is not None else '-':>6}"
+        )
     for d in (spread or {}).get("differences", []):
         print(
             f"FD {d['a']} - {d['b']}: {d['fd_difference']:+.2f}, 95% interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"

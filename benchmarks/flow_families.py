@@ -33,8 +33,17 @@ from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
 RESULTS = Path(__file__).parent / "results"
-FAMILIES = ("tiny-flux", "tiny-flux-schnell", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-sana",
-            "tiny-pixart-sigma", "tiny-qwen-image", "tiny-zimage")  # fmt: skip
+FAMILIES = (
+    "tiny-flux",
+    "tiny-flux-schnell",
+    "tiny-flux2",
+    "tiny-flux2-klein",
+    "tiny-sd3",
+    "tiny-sana",
+    "tiny-pixart-sigma",
+    "tiny-qwen-image",
+    "tiny-zimage",
+)
 VIDEO = ("tiny-wan", "tiny-cogvideox", "tiny-ltx", "tiny-hunyuan-video")
 CONFIGS = {
     "plain": "",
@@ -54,15 +63,11 @@ CONFIGS = {
 def call(fp, steps: int) -> tuple[np.ndarray, float, int]:
     kwargs = make_inputs(fp.pipe, 1)
     start = time.process_time()
-    images = fp(
-        **kwargs, num_inference_steps=steps, output_type="np", generator=torch.Generator().manual_seed(0)
-    )
+    images = fp(**kwargs, num_inference_steps=steps, output_type="np", generator=torch.Generator().manual_seed(0))
     return pixels(images), time.process_time() - start, fp.context.nfe
 
 
-def family(
-    name: str, steps: int, runs: int, size: str = "bench", configs: tuple[str, ...] = ()
-) -> list[dict]:
+def family(name: str, steps: int, runs: int, size: str = "bench", configs: tuple[str, ...] = ()) -> list[dict]:
     fp = FastPipeline(make_pipeline(name, size))
     fp.set_progress_bar_config(disable=True)
     rows, live = {}, []
@@ -91,9 +96,7 @@ def family(
     for label in live:
         row = rows[label]
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
-        row.update(
-            ratio_spread(row["cpu_seconds"], plain["cpu_seconds"], "speedup", baseline=label == "plain")
-        )
+        row.update(ratio_spread(row["cpu_seconds"], plain["cpu_seconds"], "speedup", baseline=label == "plain"))
         row["psnr"] = None if label == "plain" else round(psnr(row.pop("images"), plain["images"]), 1)
     plain.pop("images", None)
     return list(rows.values())
@@ -117,9 +120,16 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown --configs {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     torch.set_num_threads(1)
-    out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "device": f"CPU, {os.cpu_count()} cores", "steps": args.steps, "runs": args.runs, "threads": 1,
-           "size": args.size, "families": {}}  # fmt: skip
+    out = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "device": f"CPU, {os.cpu_count()} cores",
+        "steps": args.steps,
+        "runs": args.runs,
+        "threads": 1,
+        "size": args.size,
+        "families": {},
+    }
     names = {"flow": FAMILIES, "video": VIDEO}.get(args.families) or args.families.split(",")
     for name in names:
         out["families"][name] = family(name, args.steps, args.runs, args.size, chosen)

@@ -124,26 +124,27 @@ def matrix_row(fp: FastPipeline, name: str, inputs: dict, plain: np.ndarray) -> 
             handle = fp.accelerate(spec)
     except (AcceleratorError, ImportError, NotImplementedError) as exc:
         row.update(status="refused", reason=f"{type(exc).__name__}: {exc}"[:300])
-        row["removed_bit_identical"] = bool(
-            np.array_equal(latents(fp, inputs)[1], plain)
-        )  # refusing lost nothing
+        row["removed_bit_identical"] = bool(np.array_equal(latents(fp, inputs)[1], plain))  # refusing lost nothing
         return row
     row["apply_rss_added_gb"] = resident_gb() - held_before  # what apply holds (its transients trimmed away)
     row["apply_peak_rss_added_gb"] = applying.added_gb  # the most apply needed on the way
     try:
         with PeakRSS() as rss:
             seconds, out = latents(fp, inputs)
-        row.update(status="ok", cpu_s=seconds, finite=bool(np.isfinite(out).all()), rel_err=rel_err(out, plain),
-                   peak_rss_added_gb=rss.added_gb)  # fmt: skip
+        row.update(
+            status="ok",
+            cpu_s=seconds,
+            finite=bool(np.isfinite(out).all()),
+            rel_err=rel_err(out, plain),
+            peak_rss_added_gb=rss.added_gb,
+        )
     except Exception as exc:  # noqa: BLE001 (one failing accelerator must not end the run)
         row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
     finally:
         handle.remove()
     row["removed_bit_identical"] = bool(np.array_equal(latents(fp, inputs)[1], plain))
     gc.collect()
-    row["rss_after_gb"] = (
-        psutil.Process().memory_info().rss / 2**30
-    )  # grows if a removed accelerator left memory
+    row["rss_after_gb"] = psutil.Process().memory_info().rss / 2**30  # grows if a removed accelerator left memory
     row["rss_after_trim_gb"] = trimmed_rss_gb()  # falls back if that memory was only kept by the allocator
     return row
 
@@ -160,8 +161,15 @@ def run_matrix(model: str, dtype: str, args, on_row=None) -> dict:
         inputs["num_frames"] = args.frames
     with PeakRSS() as rss:
         seconds, plain = latents(fp, inputs)
-    rows = [{"accelerator": "none", "status": "ok", "cpu_s": seconds, "finite": bool(np.isfinite(plain).all()),
-             "peak_rss_added_gb": rss.added_gb}]  # fmt: skip
+    rows = [
+        {
+            "accelerator": "none",
+            "status": "ok",
+            "cpu_s": seconds,
+            "finite": bool(np.isfinite(plain).all()),
+            "peak_rss_added_gb": rss.added_gb,
+        }
+    ]
     frames = {"frames": inputs["num_frames"]} if "num_frames" in inputs else {}
     head = {"model": model, "dtype": dtype, "side": args.side, "steps": args.steps, **frames}
     for name in args.accelerators:
@@ -169,8 +177,13 @@ def run_matrix(model: str, dtype: str, args, on_row=None) -> dict:
             on_row({**head, "partial": f"stopped before {name}", "rows": rows})
         rows.append(matrix_row(fp, name, inputs, plain))
         r = rows[-1]
-        shown = r.get("reason", "")[:100] if r["status"] != "ok" else (
-            f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB, trimmed {r['rss_after_trim_gb']}")  # fmt: skip
+        shown = (
+            r.get("reason", "")[:100]
+            if r["status"] != "ok"
+            else (
+                f"{r['cpu_s']:.1f} s, rel err {r['rel_err']}, +{r['peak_rss_added_gb']:.2f} GB, RSS {r['rss_after_gb']:.1f} GB, trimmed {r['rss_after_trim_gb']}"
+            )
+        )
         print(f"  {name:14s} {r['status']:8s} {shown}  plain again: {r['removed_bit_identical']}", flush=True)
     fp.unwrap()
     return {**head, "rows": rows}
@@ -233,8 +246,16 @@ def run_timed(section: str, side: int, fp: FastPipeline, args) -> dict:
     rows = []
     for name in names:
         median = statistics.median(seconds[name])
-        rows.append({"config": name, "cpu_s": seconds[name], "cpu_s_median": median, "first_call_cpu_s": first[name][0],
-                     **ratio_spread(seconds[name], seconds["none"], "speedup", baseline=name == "none"), "rel_err": rel_err(outs[name], outs["none"])})  # fmt: skip
+        rows.append(
+            {
+                "config": name,
+                "cpu_s": seconds[name],
+                "cpu_s_median": median,
+                "first_call_cpu_s": first[name][0],
+                **ratio_spread(seconds[name], seconds["none"], "speedup", baseline=name == "none"),
+                "rel_err": rel_err(outs[name], outs["none"]),
+            }
+        )
         print(
             f"  {name:40s} {median:8.2f} s  x{base / median:.2f}  rel err {rows[-1]['rel_err']:.2e}",
             flush=True,
@@ -291,17 +312,17 @@ def main(argv=None) -> dict:
         "commands": [command],
         "date": date.today().isoformat(),
         "device": f"CPU {platform.processor() or platform.machine()}, {args.threads} torch threads",
-        "torch": torch.__version__, "matrix": [], "timed": [],
-    }  # fmt: skip
+        "torch": torch.__version__,
+        "matrix": [],
+        "timed": [],
+    }
     if args.out.exists():  # sections of an earlier run with other arguments stay
         old = json.loads(args.out.read_text())
         result["matrix"], result["timed"] = old.get("matrix", []), old.get("timed", [])
         result.update({k: old[k] for k in ("dtype_probe",) if k in old})
         result["commands"] = [c for c in old.get("commands", []) if c != command] + [command]
 
-    def save(
-        key: str, entry: dict, fields: tuple[str, ...]
-    ) -> None:  # replaces an earlier entry of the same fields
+    def save(key: str, entry: dict, fields: tuple[str, ...]) -> None:  # replaces an earlier entry of the same fields
         result[key] = [e for e in result[key] if any(e.get(f) != entry[f] for f in fields)] + [entry]
         write_record(args.out, result, benchmark="full_size", indent=2)
 

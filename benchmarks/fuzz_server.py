@@ -35,9 +35,23 @@ LIMITS = ["--max-steps", "4", "--max-count", "2", "--max-side", "64"]  # keeps v
 def fuzz(url: str, examples: int, seed: int, work: Path, name: str, token: str | None) -> dict:
     """One ``st run``; returns its exit status, counts and the failures' lines."""
     report = work / f"{name}.json"
-    cmd = [str(Path(sys.executable).with_name("st")), "run", f"{url}/openapi.json", "--checks", "all",
-           "--workers", "1", "--max-examples", str(examples), "--seed", str(seed),
-           "--report", "json", "--report-json-path", str(report)]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).with_name("st")),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--workers",
+        "1",
+        "--max-examples",
+        str(examples),
+        "--seed",
+        str(seed),
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report),
+    ]
     if token:
         cmd += ["-H", f"Authorization: Bearer {token}"]
     started = time.perf_counter()
@@ -46,9 +60,13 @@ def fuzz(url: str, examples: int, seed: int, work: Path, name: str, token: str |
     summary = next((line.strip() for line in lines if "generated" in line), "")
     failures = [line.strip() for line in lines if line.strip().startswith("- ST")]
     return {
-        "run": name, "token": bool(token), "exit_status": done.returncode, "summary": summary,
-        "failures": failures, "seconds": round(time.perf_counter() - started, 1),
-    }  # fmt: skip
+        "run": name,
+        "token": bool(token),
+        "exit_status": done.returncode,
+        "summary": summary,
+        "failures": failures,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         token_flags = ["--token-file", str(work / "token")]
         servers = (  # both start now and load side by side
             Server("digits", "--profile", fast, *LIMITS, log=work / "digits.log"),
-            Server(
-                "tiny-sd", "--profile", fast, *token_flags, *LIMITS, size="test", log=work / "tiny-sd.log"
-            ),
+            Server("tiny-sd", "--profile", fast, *token_flags, *LIMITS, size="test", log=work / "tiny-sd.log"),
         )
         with servers[0] as plain, servers[1] as guarded:
             runs = [
@@ -83,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "layout": "2-core CPU, 1 torch thread per server",
         "command": f"python benchmarks/fuzz_server.py --max-examples {args.max_examples} --seed {args.seed}",
-        "schemathesis": _version("schemathesis"), "runs": runs,
+        "schemathesis": _version("schemathesis"),
+        "runs": runs,
         "passed": all(run["exit_status"] == 0 for run in runs),
-    }  # fmt: skip
+    }
     write_record(args.out, result, benchmark="fuzz_server")
     return 0 if result["passed"] else 1
 

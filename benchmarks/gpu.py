@@ -261,25 +261,47 @@ def run_group(group: Group, base, args, deadline: float) -> dict:
         row = {"name": name, "specs": configs_by_name(args.compile)[name].specs}
         if name in refused or not seconds.get(name):
             reason = refused.get(name, "not timed")
-            rows.append({**row, "status": "error" if reason.startswith("error") else "skipped", "reason": reason,
-                         "seconds_median": None, "quality": None})  # fmt: skip
+            rows.append(
+                {
+                    **row,
+                    "status": "error" if reason.startswith("error") else "skipped",
+                    "reason": reason,
+                    "seconds_median": None,
+                    "quality": None,
+                }
+            )
             continue
         median = statistics.median(seconds[name])
-        rows.append({**row, "status": "ok", "seconds": seconds[name], "seconds_median": median,
-                     "first_call_s": first[name],
-                     **(ratio_spread(seconds[name], seconds["plain"], "speedup") if plain else {"speedup": None}),
-                     "images_per_s": group.batch / median, "nfe": nfe[name],
-                     "quality": {**quality(images[name], reference),
-                                 "latent_rel_err": relative_error(latents.get(name), latents.get("plain"))}})  # fmt: skip
+        rows.append(
+            {
+                **row,
+                "status": "ok",
+                "seconds": seconds[name],
+                "seconds_median": median,
+                "first_call_s": first[name],
+                **(ratio_spread(seconds[name], seconds["plain"], "speedup") if plain else {"speedup": None}),
+                "images_per_s": group.batch / median,
+                "nfe": nfe[name],
+                "quality": {
+                    **quality(images[name], reference),
+                    "latent_rel_err": relative_error(latents.get(name), latents.get("plain")),
+                },
+            }
+        )
     for _, fp in callers.values():  # leave the base pipeline's denoiser unhooked for the next group's copies
         if fp is not None:
             fp.unwrap()
     return {
-        "section": group.section, "model": group.model, "built_from": TINY[group.model] if args.dry_run else group.model,
-        "dtype": group.dtype, "side": group.side or (TINY_SIDES[None] if args.dry_run else NATIVE[group.model]),
-        "batch": group.batch, "rounds": min((len(s) for s in seconds.values()), default=0), "configs": rows,
+        "section": group.section,
+        "model": group.model,
+        "built_from": TINY[group.model] if args.dry_run else group.model,
+        "dtype": group.dtype,
+        "side": group.side or (TINY_SIDES[None] if args.dry_run else NATIVE[group.model]),
+        "batch": group.batch,
+        "rounds": min((len(s) for s in seconds.values()), default=0),
+        "configs": rows,
         "paired_plain_over_raw": [p / r for p, r in zip(seconds.get("plain", []), seconds.get("raw", []))],
-    }  # fmt: skip
+    }
 
 
 def device_name(device: str) -> str:
@@ -316,8 +338,11 @@ def report(label: str, entry: dict) -> None:
         q = row["quality"]
         shown = "identical" if q["identical"] else f"{q['psnr_db'] or float('nan'):.1f} dB"
         shown += f", latents {q['latent_rel_err']:.2e} off" if q.get("latent_rel_err") is not None else ""
-        print(f"  {row['name']:18s} {row['seconds_median']:8.3f} s  x{row['speedup'] or 0:.2f}  first call "
-              f"{row['first_call_s']:.1f} s  PSNR {shown}{'' if q['finite'] else '  NON-FINITE'}", flush=True)  # fmt: skip
+        print(
+            f"  {row['name']:18s} {row['seconds_median']:8.3f} s  x{row['speedup'] or 0:.2f}  first call "
+            f"{row['first_call_s']:.1f} s  PSNR {shown}{'' if q['finite'] else '  NON-FINITE'}",
+            flush=True,
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -332,16 +357,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="timed rounds (default 5; dry run 1)")
     p.add_argument("--batches", help="batch sizes of the batch section (default 1,2,4,8; dry run 1,2)")
     p.add_argument("--batch-configs", default="plain,deepcache", help="e.g. plain,deepcache,compile")
-    p.add_argument(
-        "--compile-mode", default="reduce-overhead", choices=["default", "reduce-overhead", "max-autotune"]
-    )
-    p.add_argument(
-        "--time-limit", type=float, default=0, help="start no group after this many seconds (0: none)"
-    )
+    p.add_argument("--compile-mode", default="reduce-overhead", choices=["default", "reduce-overhead", "max-autotune"])
+    p.add_argument("--time-limit", type=float, default=0, help="start no group after this many seconds (0: none)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for key, allowed in (("models", NATIVE), ("dtypes", DTYPES), ("sections", SECTIONS),
-                         ("batch_configs", ("plain", "deepcache", "compile", "compile+deepcache"))):  # fmt: skip
+    for key, allowed in (
+        ("models", NATIVE),
+        ("dtypes", DTYPES),
+        ("sections", SECTIONS),
+        ("batch_configs", ("plain", "deepcache", "compile", "compile+deepcache")),
+    ):
         setattr(args, key, getattr(args, key).split(","))
         if bad := [v for v in getattr(args, key) if v not in allowed]:
             p.error(f"--{key.replace('_', '-')}: unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
@@ -366,18 +391,29 @@ def main(argv=None) -> dict:
     import diffusers
 
     result = {
-        "device": device, "dry_run": args.dry_run,
-        "settings": {"sampler": "dpm++2m", "steps": args.steps, "rounds": args.rounds, "seed": args.seed,
-                     "compile": args.compile, "time_limit_s": args.time_limit, "torch": torch.__version__,
-                     "diffusers": diffusers.__version__, "cuda": torch.version.cuda,
-                     "python": platform.python_version(), "argv": sys.argv[1:] if argv is None else argv},
-        "groups": [], "not_run": [], "targets": [], "batch_table": [],
-    }  # fmt: skip
+        "device": device,
+        "dry_run": args.dry_run,
+        "settings": {
+            "sampler": "dpm++2m",
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "compile": args.compile,
+            "time_limit_s": args.time_limit,
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "argv": sys.argv[1:] if argv is None else argv,
+        },
+        "groups": [],
+        "not_run": [],
+        "targets": [],
+        "batch_table": [],
+    }
     base_key, base = None, None
     for group in plan(args):
-        label = (
-            f"{group.section} {group.model} {group.dtype} side={group.side or 'native'} batch={group.batch}"
-        )
+        label = f"{group.section} {group.model} {group.dtype} side={group.side or 'native'} batch={group.batch}"
         if time.monotonic() > deadline:
             result["not_run"].append({"group": label, "reason": f"time limit ({args.time_limit:g} s)"})
             continue

@@ -21,11 +21,7 @@ def quality(images: np.ndarray, reference: np.ndarray | None) -> dict:
 
 def relative_error(latent: np.ndarray | None, reference: np.ndarray | None) -> float | None:
     """||latent - reference|| / ||reference|| (0.0: identical); None when either is missing or not finite."""
-    if (
-        latent is None
-        or reference is None
-        or not (np.isfinite(latent).all() and np.isfinite(reference).all())
-    ):
+    if latent is None or reference is None or not (np.isfinite(latent).all() and np.isfinite(reference).all()):
         return None
     scale = float(np.linalg.norm(reference))
     return float(np.linalg.norm(latent - reference)) / scale if scale else None
@@ -79,8 +75,15 @@ def targets(groups: list[dict]) -> list[dict]:
         if g["side"] == max(t["side"] for t in tome):  # the 1024 px group (48 px in a dry run)
             add("tome", f"tome speedup over plain, {tag(g)}", ratio(rows, "plain", "tome"), 1.3)
         add("tome-vs-tomesd", f"tomesd s / tome s, {tag(g)}", ratio(rows, "tomesd", "tome"), 1.0)
-    goals = {"overhead": 1.0, "compile": 2.0, "compile+deepcache": 5.0, "cfg-interval": 1.25, "fp8": 1.3,
-             "tome": 1.3, "tome-vs-tomesd": 1.0}  # fmt: skip
+    goals = {
+        "overhead": 1.0,
+        "compile": 2.0,
+        "compile+deepcache": 5.0,
+        "cfg-interval": 1.25,
+        "fp8": 1.3,
+        "tome": 1.3,
+        "tome-vs-tomesd": 1.0,
+    }
     for kind, goal in goals.items():  # every goal appears, measured or not
         if not any(t["kind"] == kind for t in found):
             add(
@@ -96,7 +99,17 @@ def targets(groups: list[dict]) -> list[dict]:
 def batch_table(groups: list[dict]) -> list[dict]:
     """Images per second by batch size (the batch section), one row per config and batch."""
     return [
-        {"model": g["model"], "dtype": g["dtype"], "side": g["side"], "batch": g["batch"], "config": row["name"],
-         "seconds_median": row["seconds_median"], "images_per_s": row["images_per_s"]}
-        for g in groups if g["section"] == "batch" for row in g["configs"] if row["status"] == "ok"
-    ]  # fmt: skip
+        {
+            "model": g["model"],
+            "dtype": g["dtype"],
+            "side": g["side"],
+            "batch": g["batch"],
+            "config": row["name"],
+            "seconds_median": row["seconds_median"],
+            "images_per_s": row["images_per_s"],
+        }
+        for g in groups
+        if g["section"] == "batch"
+        for row in g["configs"]
+        if row["status"] == "ok"
+    ]

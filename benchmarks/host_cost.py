@@ -36,10 +36,22 @@ from fastdiff.core.hooks import GatedHook
 from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
-UNET_SPECS = ["none", "deepcache(interval=3)", "tome(ratio=0.5)", "cfg-interval(start=0.0,end=0.5)",
-              "forecast(order=1,interval=2,warmup=2)", "promptcache", "scheduler(name=dpm++2m)"]  # fmt: skip
-SD3_SPECS = ["none", "blockcache(mode=interval,interval=2)", "blockcache(mode=first-block,threshold=0.1)",
-             "blockcache(mode=teacache,threshold=0.3)", "forecast(order=1,interval=2,warmup=2)"]  # fmt: skip
+UNET_SPECS = [
+    "none",
+    "deepcache(interval=3)",
+    "tome(ratio=0.5)",
+    "cfg-interval(start=0.0,end=0.5)",
+    "forecast(order=1,interval=2,warmup=2)",
+    "promptcache",
+    "scheduler(name=dpm++2m)",
+]
+SD3_SPECS = [
+    "none",
+    "blockcache(mode=interval,interval=2)",
+    "blockcache(mode=first-block,threshold=0.1)",
+    "blockcache(mode=teacache,threshold=0.3)",
+    "forecast(order=1,interval=2,warmup=2)",
+]
 CALLS = {
     "tiny-sd": {"prompt": ["a cat", "a dog"], "output_type": "latent"},
     "tiny-sd3": {"prompt": ["a cat", "a dog"], "output_type": "latent", "height": 32, "width": 32},
@@ -84,10 +96,15 @@ def identity_cost(steps: int, pairs: int) -> dict:
     per_step = slope(min)
     rounds = [slope(lambda values, k=k: values[k]) for k in range(pairs)]
     added_first = min(times["wrapped", steps]) - min(times["raw", steps])
-    return {"steps": list(counts), "pairs": pairs, "rule": "fastest call of each kind; spread over rounds",
-            "added_us_per_step": 1e6 * per_step, "added_us_per_step_rounds_min": 1e6 * min(rounds),
-            "added_us_per_step_rounds_max": 1e6 * max(rounds),
-            "added_us_per_call": 1e6 * (added_first - steps * per_step)}  # fmt: skip
+    return {
+        "steps": list(counts),
+        "pairs": pairs,
+        "rule": "fastest call of each kind; spread over rounds",
+        "added_us_per_step": 1e6 * per_step,
+        "added_us_per_step_rounds_min": 1e6 * min(rounds),
+        "added_us_per_step_rounds_max": 1e6 * max(rounds),
+        "added_us_per_call": 1e6 * (added_first - steps * per_step),
+    }
 
 
 class HookClock:
@@ -149,8 +166,14 @@ def accelerator_cost(model: str, spec: str, repeats: int) -> dict:
         return clock.total
 
     per_step = [(hook_seconds(16) - hook_seconds(8)) / 8 for _ in range(repeats)]
-    return {"model": model, "spec": spec, "hooked_modules": modules, "us_per_step": 1e6 * statistics.median(per_step),
-            "us_per_step_min": 1e6 * min(per_step), "us_per_step_max": 1e6 * max(per_step)}  # fmt: skip
+    return {
+        "model": model,
+        "spec": spec,
+        "hooked_modules": modules,
+        "us_per_step": 1e6 * statistics.median(per_step),
+        "us_per_step_min": 1e6 * min(per_step),
+        "us_per_step_max": 1e6 * max(per_step),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,22 +185,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     identity = identity_cost(args.steps, args.pairs)
-    print(f"identity denoiser, no accelerator: {identity['added_us_per_step']:+.1f} us per step (rounds "
-          f"{identity['added_us_per_step_rounds_min']:+.1f} to {identity['added_us_per_step_rounds_max']:+.1f}), "
-          f"{identity['added_us_per_call']:+.0f} us per call")  # fmt: skip
+    print(
+        f"identity denoiser, no accelerator: {identity['added_us_per_step']:+.1f} us per step (rounds "
+        f"{identity['added_us_per_step_rounds_min']:+.1f} to {identity['added_us_per_step_rounds_max']:+.1f}), "
+        f"{identity['added_us_per_call']:+.0f} us per call"
+    )
     rows = []
     for model, specs in (("tiny-sd", UNET_SPECS), ("tiny-sd3", SD3_SPECS)):
         for spec in specs:
             rows.append(accelerator_cost(model, spec, args.repeats))
             r = rows[-1]
-            print(f"{model:9s} {spec:48s} {r['us_per_step']:7.1f} us per step in fastdiff's hooks "
-                  f"({r['us_per_step_min']:.1f}-{r['us_per_step_max']:.1f}, {r['hooked_modules']} modules)")  # fmt: skip
+            print(
+                f"{model:9s} {spec:48s} {r['us_per_step']:7.1f} us per step in fastdiff's hooks "
+                f"({r['us_per_step_min']:.1f}-{r['us_per_step_max']:.1f}, {r['hooked_modules']} modules)"
+            )
     if args.json:
-        result = {"benchmark": "host_cost", "device": "CPU, 1 torch thread",
-                  "command": f"python benchmarks/host_cost.py --pairs {args.pairs} --repeats {args.repeats} "
-                             f"--steps {args.steps} --json {args.json}",
-                  "targets_us_per_step": {"no accelerator": 20, "hook-based": 100},
-                  "identity": identity, "accelerators": rows}  # fmt: skip
+        result = {
+            "benchmark": "host_cost",
+            "device": "CPU, 1 torch thread",
+            "command": f"python benchmarks/host_cost.py --pairs {args.pairs} --repeats {args.repeats} "
+            f"--steps {args.steps} --json {args.json}",
+            "targets_us_per_step": {"no accelerator": 20, "hook-based": 100},
+            "identity": identity,
+            "accelerators": rows,
+        }
         write_record(args.json, result, benchmark="host_cost", indent=2)
 
 

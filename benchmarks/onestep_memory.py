@@ -32,9 +32,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("sd15", "sd35-medium")
 MODES = ("lora", "full")
-FULL_BYTES_PER_PARAMETER = 4 * (
-    3 + 2 + 4
-)  # fp32: 3 copies, 2 gradients, 2 AdamW moments for each of 2 models
+FULL_BYTES_PER_PARAMETER = 4 * (3 + 2 + 4)  # fp32: 3 copies, 2 gradients, 2 AdamW moments for each of 2 models
 
 
 def peak_mib() -> float:
@@ -71,7 +69,7 @@ def case(model: str, mode: str, side: int, rank: int) -> dict:
     from fastdiff.distill.dmd_lora import FAKE, GENERATOR, add_adapters
     from fastdiff.distill.dmd_loss import dmd_loss_fn
     from fastdiff.distill.process import process_for
-    from fastdiff.zoo.full_size import SD15_UNET, SD35_MEDIUM, SD_BETAS
+    from fastdiff.zoo.full_size_layouts import SD15_UNET, SD35_MEDIUM, SD_BETAS
 
     torch.manual_seed(0)
     latent = side // 8
@@ -83,8 +81,10 @@ def case(model: str, mode: str, side: int, rank: int) -> dict:
         den = SD3Transformer2DModel(**SD35_MEDIUM).eval()
         scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
         key, shape = "hidden_states", (16, latent, latent)
-        cond = {"encoder_hidden_states": (154, SD35_MEDIUM["joint_attention_dim"]),
-                "pooled_projections": (SD35_MEDIUM["pooled_projection_dim"],)}  # fmt: skip
+        cond = {
+            "encoder_hidden_states": (154, SD35_MEDIUM["joint_attention_dim"]),
+            "pooled_projections": (SD35_MEDIUM["pooled_projection_dim"],),
+        }
     parameters = sum(p.numel() for p in den.parameters())
     loaded = peak_mib()
     if mode == "lora":
@@ -98,17 +98,23 @@ def case(model: str, mode: str, side: int, rank: int) -> dict:
     opt = torch.optim.AdamW(generator.parameters(), lr=1e-5)
     process = process_for(scheduler)
     batches = SyntheticBatches(key, shape, cond)
-    loss_fn = dmd_loss_fn(
-        process, key, batches, teacher, fake, fake_opt, 2.0, 20, 980, 1, "dmd", 1.2, 0.0, None
-    )
+    loss_fn = dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, 2.0, 20, 980, 1, "dmd", 1.2, 0.0, None)
     start = time.perf_counter()
     loss, _ = loss_fn(generator, torch.Generator().manual_seed(0), torch.device("cpu"))
     loss.backward()
     opt.step()
-    return {"model": model, "mode": mode, "side": side, "rank": rank if mode == "lora" else None,
-            "parameters": parameters, "trainable_parameters": trainable,
-            "loaded_peak_mib": round(loaded), "step_peak_mib": round(peak_mib()),
-            "step_seconds": round(time.perf_counter() - start, 1), "loss_finite": bool(torch.isfinite(loss))}  # fmt: skip
+    return {
+        "model": model,
+        "mode": mode,
+        "side": side,
+        "rank": rank if mode == "lora" else None,
+        "parameters": parameters,
+        "trainable_parameters": trainable,
+        "loaded_peak_mib": round(loaded),
+        "step_peak_mib": round(peak_mib()),
+        "step_seconds": round(time.perf_counter() - start, 1),
+        "loss_finite": bool(torch.isfinite(loss)),
+    }
 
 
 def main() -> None:
@@ -124,20 +130,38 @@ def main() -> None:
         print(json.dumps(case(*args.case, args.side, args.rank)))
         return
     from fastdiff.eval.record import write_record
-    from fastdiff.zoo.full_size import LAYOUTS
+    from fastdiff.zoo.full_size_layouts import LAYOUTS
 
     rows, machine = [], machine_mib()
     for model in args.models:
         for mode in args.modes:
             need = LAYOUTS[model].denoiser_params * FULL_BYTES_PER_PARAMETER / 2**20
             if mode == "full" and need > 0.9 * machine:
-                rows.append({"model": model, "mode": mode, "side": args.side, "not_run": True,
-                             "estimated_state_mib": round(need), "machine_mib": round(machine),
-                             "why": "weights, gradients and AdamW states alone exceed this machine's memory"})  # fmt: skip
+                rows.append(
+                    {
+                        "model": model,
+                        "mode": mode,
+                        "side": args.side,
+                        "not_run": True,
+                        "estimated_state_mib": round(need),
+                        "machine_mib": round(machine),
+                        "why": "weights, gradients and AdamW states alone exceed this machine's memory",
+                    }
+                )
                 print(f"{model} {mode}: not run, needs about {need / 1024:.1f} GiB before activations")
                 continue
-            command = [sys.executable, "-m", "benchmarks.onestep_memory", "--case", model, mode,
-                       "--side", str(args.side), "--rank", str(args.rank)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.onestep_memory",
+                "--case",
+                model,
+                mode,
+                "--side",
+                str(args.side),
+                "--rank",
+                str(args.rank),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[1])
             if done.returncode != 0:
                 raise SystemExit(f"{model} {mode} failed:\n{done.stderr[-2000:]}")

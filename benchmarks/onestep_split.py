@@ -39,8 +39,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _summary(rows: list[dict], **info) -> dict:
     median = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
-    return {**info, "seconds": median, "share": {k: v / median["total"] for k, v in median.items() if k != "total"},
-            "runs": rows}  # fmt: skip
+    return {
+        **info,
+        "seconds": median,
+        "share": {k: v / median["total"] for k, v in median.items() if k != "total"},
+        "runs": rows,
+    }
 
 
 def split(fp, batch: int, runs: int, side: int | None = None, tiny: str | None = None) -> list[dict]:
@@ -66,8 +70,11 @@ def taesd_layout(vae, directory: Path) -> str:
     from diffusers import AutoencoderTiny
 
     torch.manual_seed(0)
-    AutoencoderTiny(in_channels=vae.config.in_channels, out_channels=vae.config.out_channels,
-                    latent_channels=vae.config.latent_channels).save_pretrained(directory)  # fmt: skip
+    AutoencoderTiny(
+        in_channels=vae.config.in_channels,
+        out_channels=vae.config.out_channels,
+        latent_channels=vae.config.latent_channels,
+    ).save_pretrained(directory)
     return str(directory)
 
 

@@ -37,9 +37,7 @@ def student(root: Path, name: str) -> dict:
     row = {"name": name, "command": run["command"], "time": command_time(root, name)}
     if "rounds" in run:  # progressive: one training report per halving
         row["train"] = run["rounds"]
-        row["student"] = json.loads((root / name / "steps-1" / "fastdiff_distill.json").read_text()).get(
-            "measured"
-        )
+        row["student"] = json.loads((root / name / "steps-1" / "fastdiff_distill.json").read_text()).get("measured")
     else:
         info = json.loads((root / name / "steps-1" / "fastdiff_distill.json").read_text())
         row.update(train=info["train"], selection=info.get("selection"), measured=info.get("measured"))
@@ -52,9 +50,7 @@ def main() -> None:
     parser.add_argument("--json", default=str(RESULTS / "onestep_training.json"))
     args = parser.parse_args()
     root, load_start = Path(args.root), load_average()
-    names = sorted(
-        p.name for p in root.iterdir() if (p / "fastdiff_distill.json").is_file() and p.name != "digits"
-    )
+    names = sorted(p.name for p in root.iterdir() if (p / "fastdiff_distill.json").is_file() and p.name != "digits")
     result = {
         "root": str(root),
         "students": [student(root, n) for n in names],

@@ -53,8 +53,7 @@ def timed(rank: int, world: int, model: str, specs: str, call: dict, runs: int, 
         lambda: fp(**call, output_type="np", generator=torch.Generator().manual_seed(0)), runs
     )
     images = [output.images] + [
-        fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).images
-        for seed in range(1, seeds)
+        fp(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).images for seed in range(1, seeds)
     ]
     return {"seconds": seconds, "images": np.concatenate(images), "plan": stage_plan(handle)}
 
@@ -71,10 +70,13 @@ def stage_plan(handle) -> dict:
 
         plan["exchanged_mb_per_step"] = megabytes(cut.send[0])
         plan["stage0_outputs_mb"] = megabytes(cut.units(0))
-        plan.update(stage_seconds=cut.stage_seconds(), boundary=cut.units(1)[0],
-                    layers_per_stage=[len(cut.units(s)) for s in range(cut.stages)],
-                    shared_rows={n: round(f, 3) for n, (_, f) in cut.split.items()},
-                    recuts=len(st.settling.recuts))  # fmt: skip
+        plan.update(
+            stage_seconds=cut.stage_seconds(),
+            boundary=cut.units(1)[0],
+            layers_per_stage=[len(cut.units(s)) for s in range(cut.stages)],
+            shared_rows={n: round(f, 3) for n, (_, f) in cut.split.items()},
+            recuts=len(st.settling.recuts),
+        )
     return plan
 
 
@@ -118,19 +120,31 @@ def async_specs(warmup: int, linear: int, cooldown: int = 0) -> str:
     return f"{SAMPLER};parallel(mode=async,devices=2,warmup={warmup}{more})"
 
 
-def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, cooldown: int = 0,
-            seeds: int = 1, extrapolate: tuple[int, ...] = (0,), allocator: bool = False,
-            interleave: bool = False) -> dict:  # fmt: skip
+def measure(
+    model: Path,
+    call: dict,
+    runs: int,
+    warmups: list[int],
+    evaluate,
+    cooldown: int = 0,
+    seeds: int = 1,
+    extrapolate: tuple[int, ...] = (0,),
+    allocator: bool = False,
+    interleave: bool = False,
+) -> dict:
     if interleave:
         return measure_interleaved(model, call, runs, warmups, evaluate, extrapolate)
     single = launch(timed, 1, str(model), SAMPLER, call, runs, seeds, timeout_s=1200, pin_cores=PIN_CORES)
     out = {"single": {"seconds": single["seconds"], **evaluate(single["images"], None)}}
     if allocator:  # the same process with glibc's default malloc settings (launch(retain_memory=False))
-        plain = launch(timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False,
-                       pin_cores=PIN_CORES)  # fmt: skip
-        out["single, default malloc"] = {"seconds": plain["seconds"],
-                                         **ratio_spread(single["seconds"], plain["seconds"], "speedup"),
-                                         "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])]))}  # fmt: skip
+        plain = launch(
+            timed, 1, str(model), SAMPLER, call, runs, 1, timeout_s=1200, retain_memory=False, pin_cores=PIN_CORES
+        )
+        out["single, default malloc"] = {
+            "seconds": plain["seconds"],
+            **ratio_spread(single["seconds"], plain["seconds"], "speedup"),
+            "identical": bool(np.array_equal(plain["images"], single["images"][: len(plain["images"])])),
+        }
         print(json.dumps(out["single, default malloc"]), flush=True)
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
         specs = async_specs(warmup, linear, cooldown)
@@ -151,21 +165,21 @@ def measure(model: Path, call: dict, runs: int, warmups: list[int], evaluate, co
     return out
 
 
-def measure_interleaved(
-    model: Path, call: dict, runs: int, warmups: list[int], evaluate, extrapolate
-) -> dict:
+def measure_interleaved(model: Path, call: dict, runs: int, warmups: list[int], evaluate, extrapolate) -> dict:
     out = {}
     for warmup, linear in ((w, e) for w in warmups for e in extrapolate):
         specs = async_specs(warmup, linear)
         got = launch(interleaved, 2, str(model), specs, call, runs, timeout_s=1200, pin_cores=PIN_CORES)
         single, two = got["seconds"]["single"], got["seconds"]["async"]
         out[f"interleaved async warmup={warmup}" + (" extrapolate=1" if linear else "")] = row = {
-            "specs": specs, "single_seconds": single, "seconds": two,
+            "specs": specs,
+            "single_seconds": single,
+            "seconds": two,
             **ratio_spread(two, single, "speedup"),
             "round_speedups": [round(a / b, 3) for a, b in zip(single, two)],
             **evaluate(got["images"]["async"], got["images"]["single"]),
             **got["plan"],
-        }  # fmt: skip
+        }
         print(json.dumps({k: v for k, v in row.items() if k != "specs"}), flush=True)
     return out
 
@@ -177,18 +191,22 @@ def main() -> None:
     parser.add_argument("--warmups", default="2,3", help="async warm-up lengths, comma-separated")
     parser.add_argument("--models", default="tiny-sd,digits")
     parser.add_argument("--cooldown", type=int, default=0, help="last steps run whole on every rank")
-    parser.add_argument("--extrapolate", default="off", choices=["off", "on", "both"],
-                        help="async option extrapolate=1 (stale activations carried on to the current timestep)")  # fmt: skip
-    parser.add_argument("--allocator", action="store_true",
-                        help="also time one process with glibc's default malloc (the workers retain freed memory)")  # fmt: skip
     parser.add_argument(
-        "--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled"
+        "--extrapolate",
+        default="off",
+        choices=["off", "on", "both"],
+        help="async option extrapolate=1 (stale activations carried on to the current timestep)",
     )
-    parser.add_argument("--interleave", action="store_true",
-                        help="time both arms in one launch, in alternating rounds (one seed)")  # fmt: skip
     parser.add_argument(
-        "--unpinned", action="store_true", help="workers not bound to cores (launch(pin_cores=False))"
+        "--allocator",
+        action="store_true",
+        help="also time one process with glibc's default malloc (the workers retain freed memory)",
     )
+    parser.add_argument("--seeds", type=int, default=1, help="digits: batches of 500 (seeds 0..N-1), FD pooled")
+    parser.add_argument(
+        "--interleave", action="store_true", help="time both arms in one launch, in alternating rounds (one seed)"
+    )
+    parser.add_argument("--unpinned", action="store_true", help="workers not bound to cores (launch(pin_cores=False))")
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
@@ -221,12 +239,24 @@ def main() -> None:
             return row
 
         print(name, flush=True)
-        out[name] = {**out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
-                     "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
-                     "images": len(pooled.get("prompt", pooled.get("class_labels", []))), "seeds": seeds,
-                     **measure(model, call, args.runs, warmups, evaluate, args.cooldown, seeds,
-                               {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate], args.allocator,
-                               args.interleave)}  # fmt: skip
+        out[name] = {
+            **out.get(name, {}),  # runs with other --warmups are kept (each with its own single run)
+            "call": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
+            "images": len(pooled.get("prompt", pooled.get("class_labels", []))),
+            "seeds": seeds,
+            **measure(
+                model,
+                call,
+                args.runs,
+                warmups,
+                evaluate,
+                args.cooldown,
+                seeds,
+                {"off": (0,), "on": (1,), "both": (0, 1)}[args.extrapolate],
+                args.allocator,
+                args.interleave,
+            ),
+        }
         RESULTS.mkdir(exist_ok=True)
         write_record(path, out, benchmark="parallel_async", indent=2)
 

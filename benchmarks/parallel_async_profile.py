@@ -82,8 +82,11 @@ def profile(rank: int, world: int, model: str, call: dict, calls: int) -> list[l
             seconds[k] for k in ("own_layers", "exchange", "share_prediction", "extrapolate")
         )
         record = {k: round(v, 2) for k, v in seconds.items()}
-        record.update(layers_per_stage=[len(state.plan.units(s)) for s in range(world)], settled=state.settled,
-                      shared_rows={n: round(f, 3) for n, (_, f) in state.plan.split.items()})  # fmt: skip
+        record.update(
+            layers_per_stage=[len(state.plan.units(s)) for s in range(world)],
+            settled=state.settled,
+            shared_rows={n: round(f, 3) for n, (_, f) in state.plan.split.items()},
+        )
         everyone = [None] * world
         dist.all_gather_object(everyone, record)
         out.append(everyone)
@@ -110,9 +113,7 @@ def main() -> None:
     for index, ranks in enumerate(calls):
         print(f"call {index}:", json.dumps(ranks), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    write_record(
-        args.out, {"specs": SPECS, "images": 500, "calls": calls}, benchmark="parallel_async_profile"
-    )
+    write_record(args.out, {"specs": SPECS, "images": 500, "calls": calls}, benchmark="parallel_async_profile")
 
 
 if __name__ == "__main__":

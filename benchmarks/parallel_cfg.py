@@ -43,30 +43,32 @@ def measure(model, call: dict, runs: int, sampler: str = "scheduler(name=dpm++2m
         single.append(one["seconds"])
         two.append(par["seconds"])
         diffs.append(float(np.abs(one["images"] - par["images"]).max()))
-    return {"single_seconds": single, "parallel_seconds": two, **ratio_spread(two, single, "speedup"),
-            "max_abs_difference": max(diffs), "images": int(one["images"].shape[0])}  # fmt: skip
+    return {
+        "single_seconds": single,
+        "parallel_seconds": two,
+        **ratio_spread(two, single, "speedup"),
+        "max_abs_difference": max(diffs),
+        "images": int(one["images"].shape[0]),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
-    parser.add_argument(
-        "--models", default="tiny-sd,digits", help="of tiny-sd, digits, digits-flow, moving-digits"
-    )
-    parser.add_argument(
-        "--flow-model", type=Path, help="the digits-flow directory (for --models digits-flow)"
-    )
-    parser.add_argument(
-        "--video-model", type=Path, help="the moving-digits directory (--models moving-digits)"
-    )
+    parser.add_argument("--models", default="tiny-sd,digits", help="of tiny-sd, digits, digits-flow, moving-digits")
+    parser.add_argument("--flow-model", type=Path, help="the digits-flow directory (for --models digits-flow)")
+    parser.add_argument("--video-model", type=Path, help="the moving-digits directory (--models moving-digits)")
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_cfg.json")
     args = parser.parse_args()
     from fastdiff import FastPipeline
 
-    makers = {"tiny-sd": lambda: build("tiny-sd", args.cache / "tiny-sd-bench", size="bench"),
-              "digits": lambda: ensure_digits(args.cache / "digits"), "digits-flow": lambda: args.flow_model,
-              "moving-digits": lambda: args.video_model}  # fmt: skip
+    makers = {
+        "tiny-sd": lambda: build("tiny-sd", args.cache / "tiny-sd-bench", size="bench"),
+        "digits": lambda: ensure_digits(args.cache / "digits"),
+        "digits-flow": lambda: args.flow_model,
+        "moving-digits": lambda: args.video_model,
+    }
     out = {}
     for name in args.models.split(","):
         model = makers[name]()

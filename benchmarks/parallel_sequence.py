@@ -46,8 +46,12 @@ def measure(model, call: dict, runs: int, output_type: str) -> dict:
         single.append(round(one["seconds"], 2))
         two.append(round(par["seconds"], 2))
         diffs.append(float(np.abs(np.asarray(one["images"]) - np.asarray(par["images"])).max()))
-    return {"single_seconds": single, "parallel_seconds": two,
-            **ratio_spread(two, single, "speedup"), "max_abs_difference": max(diffs)}  # fmt: skip
+    return {
+        "single_seconds": single,
+        "parallel_seconds": two,
+        **ratio_spread(two, single, "speedup"),
+        "max_abs_difference": max(diffs),
+    }
 
 
 def main() -> None:
@@ -55,9 +59,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--clips", default="9x128,33x256,65x256", help="FRAMESxSIDE,...")
-    parser.add_argument(
-        "--outputs", default="latent,np", help="latent: the denoising loop alone; np: the whole call"
-    )
+    parser.add_argument("--outputs", default="latent,np", help="latent: the denoising loop alone; np: the whole call")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     parser.add_argument("--model", type=Path, default=None, help="a moving-digits build (default: tiny-wan)")
     parser.add_argument("--batch", type=int, default=1, help="clips per call")
@@ -76,19 +78,38 @@ def main() -> None:
     rows = []
     for clip in args.clips.split(","):
         frames, side = map(int, clip.split("x"))
-        call = {"prompt": [prompt] * args.batch, "num_inference_steps": args.steps, "guidance_scale": guidance,
-                "num_frames": frames, "height": side, "width": side}  # fmt: skip
+        call = {
+            "prompt": [prompt] * args.batch,
+            "num_inference_steps": args.steps,
+            "guidance_scale": guidance,
+            "num_frames": frames,
+            "height": side,
+            "width": side,
+        }
         for output in args.outputs.split(","):
-            row = {"frames": frames, "side": side, "tokens": tokens(frames, side, *scales), "output_type": output,
-                   **measure(model, call, args.runs, output)}  # fmt: skip
+            row = {
+                "frames": frames,
+                "side": side,
+                "tokens": tokens(frames, side, *scales),
+                "output_type": output,
+                **measure(model, call, args.runs, output),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
     name = f"moving-digits ({args.model.name})" if args.model else "tiny-wan (bench build, random weights)"
-    result = {"model": name, "spec": SPEC, "steps": args.steps, "guidance": guidance, "batch": args.batch,
-              "runs": args.runs, "rows": rows, "date": str(date.today()),
-              "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
-              "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
-                         + (f" --model MODEL --batch {args.batch} --guidance {guidance:g}" if args.model else "")}  # fmt: skip
+    result = {
+        "model": name,
+        "spec": SPEC,
+        "steps": args.steps,
+        "guidance": guidance,
+        "batch": args.batch,
+        "runs": args.runs,
+        "rows": rows,
+        "date": str(date.today()),
+        "device": "2-core CPU; 2 processes x 1 thread vs 1 process x 1 thread",
+        "command": f"python benchmarks/parallel_sequence.py --runs {args.runs} --steps {args.steps} --clips {args.clips} --outputs {args.outputs}"
+        + (f" --model MODEL --batch {args.batch} --guidance {guidance:g}" if args.model else ""),
+    }
     RESULTS.mkdir(exist_ok=True)
     write_record(args.out, result, benchmark="parallel_sequence", indent=1)
 

@@ -159,9 +159,7 @@ def main(argv=None) -> dict:
         result["models"].append(section)
         print(f"\n{model} (batch {section['batch']}, {args.scheduler}, {args.threads} thread(s))")
         for row in section["configs"]:
-            extra = "".join(
-                f"  {k} {row[k]:.4g}" for k in ("accuracy", "fd") if isinstance(row.get(k), float)
-            )
+            extra = "".join(f"  {k} {row[k]:.4g}" for k in ("accuracy", "fd") if isinstance(row.get(k), float))
             psnr_text = "-" if row["psnr"] is None else f"{row['psnr']:.2f} dB"
             print(
                 f"  {row['name']:22s} params {row['params'] / 1e6:.2f}M (int8 {row['quantized_params'] / 1e6:.2f}M)"

@@ -22,9 +22,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def main(paths: list[str]) -> None:
-    print(
-        "| sampler | guidance | NFE | accuracy | FD | fd_floor | CPU s / 100 images | wall s / 100 images |"
-    )
+    print("| sampler | guidance | NFE | accuracy | FD | fd_floor | CPU s / 100 images | wall s / 100 images |")
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:  # given bench JSONs (guidance from their settings), else the committed reference ones
         result = json.loads(Path(path).read_text())

@@ -67,10 +67,14 @@ def make_requests(engine: Engine, n: int, count: int = 1) -> list:
     if engine.kind == "label":
         return [Request(label=i % 10, seed=1000 + 10 * i, count=count) for i in range(n)]
     return [
-        Request(prompt=f"{SUBJECTS[i % len(SUBJECTS)]}, picture {i}", seed=1000 + 10 * i, count=count,
-                negative_prompt="blurry, dark" if i % 2 else None)
+        Request(
+            prompt=f"{SUBJECTS[i % len(SUBJECTS)]}, picture {i}",
+            seed=1000 + 10 * i,
+            count=count,
+            negative_prompt="blurry, dark" if i % 2 else None,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def seeds_of(requests) -> list[list[int]]:
@@ -156,9 +160,7 @@ def measure(name: str, work: Path, args) -> dict:
     )
     counted = make_requests(off, args.batch, count=args.count)
     together = run_alone(off, counted)  # each request alone, its count images in one call
-    singles = run_alone(
-        off, [r.model_copy(update={"seed": s, "count": 1}) for r in counted for s in seeds_of([r])[0]]
-    )
+    singles = run_alone(off, [r.model_copy(update={"seed": s, "count": 1}) for r in counted for s in seeds_of([r])[0]])
     result["count"] = {"count": args.count, **difference(together, singles)}
     ratios = [on / off_ for on, off_ in zip(runs["exact_on"], runs["exact_off"])]
     result["throughput"] = {
@@ -207,9 +209,7 @@ def main() -> None:
     out = {
         "device": "2-core CPU, 1 thread",
         "date": datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join(
-            shlex.quote(a) for a in [".venv/bin/python", "benchmarks/seed_repro.py", *sys.argv[1:]]
-        ),
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/seed_repro.py", *sys.argv[1:]]),
         "torch": torch.__version__,
         "settings": {
             "requests": args.requests,

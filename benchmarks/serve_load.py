@@ -129,9 +129,16 @@ async def _load(url: str, requests: list[dict], concurrency: int) -> dict:
         return round(ok[min(len(ok) - 1, int(q * len(ok)))], 4) if ok else None
 
     return dict(
-        concurrency=concurrency, requests=len(requests), responses=len(outcomes), statuses=statuses,
-        images=images, wall_s=round(wall, 3), images_per_s=round(images / wall, 3), p50_s=pct(0.5), p99_s=pct(0.99),
-    )  # fmt: skip
+        concurrency=concurrency,
+        requests=len(requests),
+        responses=len(outcomes),
+        statuses=statuses,
+        images=images,
+        wall_s=round(wall, 3),
+        images_per_s=round(images / wall, 3),
+        p50_s=pct(0.5),
+        p99_s=pct(0.99),
+    )
 
 
 def load(url, requests, concurrency) -> dict:
@@ -160,8 +167,7 @@ def part_levels(out: Path, s: float) -> dict:
         with Server(model, *flags, size=size, log=out / f"levels_{model}.log") as server:
             warm(server.url, kind)
             result[model] = [
-                load(server.url, bodies(kind, scaled(n, s)), c)
-                for c, n in ((1, 48), (4, 96), (16, 256), (64, 256))
+                load(server.url, bodies(kind, scaled(n, s)), c) for c, n in ((1, 48), (4, 96), (16, 256), (64, 256))
             ]
     return result
 
@@ -218,15 +224,18 @@ def part_switching(out: Path, s: float, rounds: int) -> dict:
                 one = load(server.url, bodies("label", scaled(n, s), ("a",)), concurrency)
                 alt = load(server.url, bodies("label", scaled(n, s), ("a", "b")), concurrency)
                 pairs.append({"one_profile": one, "alternating": alt})
-            switches = [
-                line for line in httpx.get(f"{server.url}/metrics").text.splitlines() if "switch" in line
-            ]
+            switches = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines() if "switch" in line]
         ratios = [p["alternating"]["images_per_s"] / p["one_profile"]["images_per_s"] for p in pairs]
         cost = 1 - statistics.median(ratios)
         result[f"max_batch_{max_batch}"] = dict(
-            concurrency=concurrency, rounds=pairs, ratios=[round(r, 4) for r in ratios], cost=round(cost, 4),
-            target=0.05, met=cost <= 0.05, switch_metrics=[m for m in switches if not m.startswith("#")],
-        )  # fmt: skip
+            concurrency=concurrency,
+            rounds=pairs,
+            ratios=[round(r, 4) for r in ratios],
+            cost=round(cost, 4),
+            target=0.05,
+            met=cost <= 0.05,
+            switch_metrics=[m for m in switches if not m.startswith("#")],
+        )
     return result
 
 
@@ -273,9 +282,7 @@ def main() -> None:
         result[part]["load_average"] = os.getloadavg()
         path.parent.mkdir(parents=True, exist_ok=True)
         write_record(path, result, benchmark="serve_load")  # after every part
-    result["machine"] = dict(
-        cpus=os.cpu_count(), started=time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
-    )
+    result["machine"] = dict(cpus=os.cpu_count(), started=time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)))
     write_record(path, result, benchmark="serve_load")
     print(f"wrote {path}")
 

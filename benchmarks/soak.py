@@ -52,8 +52,9 @@ async def soak(url: str, pid: int, minutes: float, rate: float, seed: int) -> di
         async def one(kind: str, body: bytes, headers: dict) -> None:
             started = time.perf_counter()
             try:
-                r = await client.post(f"{url}/v1/generate", content=body,
-                                      headers={"Content-Type": "application/json", **headers})  # fmt: skip
+                r = await client.post(
+                    f"{url}/v1/generate", content=body, headers={"Content-Type": "application/json", **headers}
+                )
                 status = str(r.status_code)
             except httpx.HTTPError as error:
                 status = type(error).__name__
@@ -96,16 +97,22 @@ def summarize(outcomes, memory, sent: int, minutes: float, rate: float) -> dict:
     after_minute = [rss for t, rss in memory if t >= 60] or [rss for _, rss in memory]
     growth = after_minute[-1] / after_minute[0] - 1 if after_minute else None
     return {
-        "minutes": minutes, "rate_per_s": rate, "sent": sent, "answered": len(answered),
-        "lost": sent - len(answered), "server_errors_5xx": sum(s.startswith("5") for _, s, _ in answered),
+        "minutes": minutes,
+        "rate_per_s": rate,
+        "sent": sent,
+        "answered": len(answered),
+        "lost": sent - len(answered),
+        "server_errors_5xx": sum(s.startswith("5") for _, s, _ in answered),
         "valid_not_200": sum(1 for k, s, _ in outcomes if k == "valid" and s != "200"),
         "invalid_not_4xx": sum(1 for k, s, _ in outcomes if k != "valid" and not s.startswith("4")),
-        "statuses": statuses, "valid_p50_s": _pct(ok, 0.5), "valid_p99_s": _pct(ok, 0.99),
+        "statuses": statuses,
+        "valid_p50_s": _pct(ok, 0.5),
+        "valid_p99_s": _pct(ok, 0.99),
         "rss_mb_at_1min": round(after_minute[0] / 2**20, 1) if after_minute else None,
         "rss_mb_end": round(after_minute[-1] / 2**20, 1) if after_minute else None,
         "rss_growth_after_1min": None if growth is None else round(growth, 4),
         "rss_mb_samples": [(round(t), round(rss / 2**20, 1)) for t, rss in memory],
-    }  # fmt: skip
+    }
 
 
 def _pct(sorted_values, q):
@@ -129,15 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     row = {k: v for k, v in result.items() if k not in ("statuses", "rss_mb_samples")}
     print(json.dumps(row, indent=1))
     passed = (
-        result["lost"] == 0 and result["server_errors_5xx"] == 0 and result["invalid_not_4xx"] == 0
+        result["lost"] == 0
+        and result["server_errors_5xx"] == 0
+        and result["invalid_not_4xx"] == 0
         and (result["rss_growth_after_1min"] or 0) <= 0.05
-    )  # fmt: skip
+    )
     out = {
-        "benchmark": "soak", "device": "2-core CPU, server on 1 torch thread, client in another process",
+        "benchmark": "soak",
+        "device": "2-core CPU, server on 1 torch thread, client in another process",
         "date": str(date.today()),
         "command": f"python benchmarks/soak.py --minutes {args.minutes:g} --rate {args.rate:g} --seed {args.seed}",
-        "model": "digits (shipped), dpm++2m 10 steps, --max-batch 16 --max-queue 64", "passed": passed, **result,
-    }  # fmt: skip
+        "model": "digits (shipped), dpm++2m 10 steps, --max-batch 16 --max-queue 64",
+        "passed": passed,
+        **result,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_record(args.out, out, benchmark="soak")
     print(f"passed: {passed}; wrote {args.out}")

@@ -49,9 +49,17 @@ SUBJECTS = ("a red fox", "a blue car", "a green tree", "a yellow house", "a whit
 
 
 def requests(count: int, guidance: float, size: int, offset: int = 0) -> list[dict]:
-    return [{"prompt": [f"{SUBJECTS[i % len(SUBJECTS)]}, picture {i}"], "guidance_scale": guidance,
-             "height": size, "width": size, "output_type": "np", "generator": torch.Generator().manual_seed(i)}
-            for i in range(offset, offset + count)]  # fmt: skip
+    return [
+        {
+            "prompt": [f"{SUBJECTS[i % len(SUBJECTS)]}, picture {i}"],
+            "guidance_scale": guidance,
+            "height": size,
+            "width": size,
+            "output_type": "np",
+            "generator": torch.Generator().manual_seed(i),
+        }
+        for i in range(offset, offset + count)
+    ]
 
 
 def split(fp, guidance: float, size: int, count: int) -> dict:
@@ -67,8 +75,12 @@ def split(fp, guidance: float, size: int, count: int) -> dict:
     median = {s: statistics.median(t) for s, t in times.items()}
     total = sum(median.values())
     bound_2 = total / max(median["denoise"], median["text"] + median["decode"])
-    return {"seconds": median, "share": {s: median[s] / total for s in STAGES},
-            "amdahl_bound_2_processes": bound_2, "amdahl_bound_3_processes": total / max(median.values())}  # fmt: skip
+    return {
+        "seconds": median,
+        "share": {s: median[s] / total for s in STAGES},
+        "amdahl_bound_2_processes": bound_2,
+        "amdahl_bound_3_processes": total / max(median.values()),
+    }
 
 
 def sequential(fp, count: int, guidance: float, size: int) -> tuple[float, list]:
@@ -97,8 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS)[:3], choices=list(SETTINGS))
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--layouts", nargs="+", default=["2", "3"],
-                        help="DEVICES or DEVICES:DENOISERS (3:2: two denoiser replicas)")  # fmt: skip
+    parser.add_argument(
+        "--layouts", nargs="+", default=["2", "3"], help="DEVICES or DEVICES:DENOISERS (3:2: two denoiser replicas)"
+    )
     parser.add_argument("--split-requests", type=int, default=3)
     parser.add_argument("--split-only", action="store_true", help="measure the time split only")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
@@ -115,8 +128,12 @@ def main() -> None:
         specs = f"scheduler(name=dpm++2m,steps={steps})"
         fp = FastPipeline.from_pretrained(model, accelerators=specs)
         fp.pipe.set_progress_bar_config(disable=True)
-        result = {"specs": specs, "guidance_scale": guidance, "size": size,
-                  "split": split(fp, guidance, size, args.split_requests)}  # fmt: skip
+        result = {
+            "specs": specs,
+            "guidance_scale": guidance,
+            "size": size,
+            "split": split(fp, guidance, size, args.split_requests),
+        }
         print(name, json.dumps(result["split"]), flush=True)
         if not args.split_only:
             seconds, reference = sequential(fp, args.requests, guidance, size)
@@ -131,9 +148,13 @@ def main() -> None:
                 diff = max(float(np.abs(a - b).max()) for a, b in zip(images, reference))
                 key = f"pipelined_{devices}" + (f"_{denoisers}_denoisers" if denoisers > 1 else "")
                 result[key] = {
-                    "seconds": par_seconds, "startup_seconds": startup, "images_per_s": args.requests / par_seconds,
-                    "speedup": seconds / par_seconds, "runs": 1, "max_abs_difference": diff,
-                }  # fmt: skip
+                    "seconds": par_seconds,
+                    "startup_seconds": startup,
+                    "images_per_s": args.requests / par_seconds,
+                    "speedup": seconds / par_seconds,
+                    "runs": 1,
+                    "max_abs_difference": diff,
+                }
                 print(name, key, json.dumps(result[key]), flush=True)
         result["load_average_after"] = os.getloadavg()  # other jobs on the machine would show here
         out["settings"][name] = {**out["settings"].get(name, {}), **result}

@@ -120,19 +120,35 @@ def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: f
     rows = []
     for name, specs in configs:
         first = name == base_name
-        row = {"name": name, "specs": specs, "seconds_median": statistics.median(wall[name]),
-               "seconds": wall[name], "cpu_s_median": statistics.median(cpu[name]), "denoiser_calls": nfe[name],
-               **_paired("speedup", [1.0] if first else ratios[name][0]),
-               **_paired("cpu_speedup", [1.0] if first else ratios[name][1]),
-               "psnr": None if first else psnr(images[name], reference),
-               "ssim": None if first else ssim(images[name], reference)}  # fmt: skip
+        row = {
+            "name": name,
+            "specs": specs,
+            "seconds_median": statistics.median(wall[name]),
+            "seconds": wall[name],
+            "cpu_s_median": statistics.median(cpu[name]),
+            "denoiser_calls": nfe[name],
+            **_paired("speedup", [1.0] if first else ratios[name][0]),
+            **_paired("cpu_speedup", [1.0] if first else ratios[name][1]),
+            "psnr": None if first else psnr(images[name], reference),
+            "ssim": None if first else ssim(images[name], reference),
+        }
         if evaluator is not None:
             row.update(evaluator(fp.pipe, call, images[name], 0))
         rows.append(row)
-    settings = {"steps": 20, "rounds": rounds, "threads": torch.get_num_threads(), "batch": len(reference),
-                "inputs": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")}}  # fmt: skip
-    return {"pipeline": type(fp.pipe).__name__, "settings": settings, "configs": rows, "cpu_seconds": cpu,
-            "ratios": ratios}  # fmt: skip
+    settings = {
+        "steps": 20,
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "batch": len(reference),
+        "inputs": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
+    }
+    return {
+        "pipeline": type(fp.pipe).__name__,
+        "settings": settings,
+        "configs": rows,
+        "cpu_seconds": cpu,
+        "ratios": ratios,
+    }
 
 
 def main() -> None:
@@ -158,8 +174,10 @@ def main() -> None:
         result["load_average"] = [load_before, os.getloadavg()[0]]
         result["timing"] = "paired"
         results[model] = result
-        print(f"\n== {model} (guidance {result['settings']['inputs'].get('guidance_scale')}, "
-              f"batch {result['settings']['batch']}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f})")  # fmt: skip
+        print(
+            f"\n== {model} (guidance {result['settings']['inputs'].get('guidance_scale')}, "
+            f"batch {result['settings']['batch']}, load {load_before:.1f} -> {os.getloadavg()[0]:.1f})"
+        )
         print(format_table(result))
         out_path.parent.mkdir(parents=True, exist_ok=True)
         write_record(out_path, results, benchmark="step_reuse")

@@ -25,11 +25,21 @@ def main() -> None:
     for base, variants in VARIANTS.items():
         teacher = build(base, root / base, size="test")
         for kind, lora in (("full", None), ("lora", 2)):
-            consistency(teacher, root / f"{base}-{kind}", guidance_range="2", lora=lora, train_steps=2, batch=2,
-                        skip=100, progress=False)  # fmt: skip
+            consistency(
+                teacher,
+                root / f"{base}-{kind}",
+                guidance_range="2",
+                lora=lora,
+                train_steps=2,
+                batch=2,
+                skip=100,
+                progress=False,
+            )
         for variant in variants:
-            for spec in (f"student(path={root / (base + '-full')},steps=4)",
-                         f"lcm-lora(path={root / (base + '-lora')},steps=4)"):  # fmt: skip
+            for spec in (
+                f"student(path={root / (base + '-full')},steps=4)",
+                f"lcm-lora(path={root / (base + '-lora')},steps=4)",
+            ):
                 pipe = make_pipeline(variant, "test")
                 pipe.set_progress_bar_config(disable=True)
                 cell = check_cell(pipe, spec, variant)

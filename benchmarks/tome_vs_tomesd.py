@@ -97,9 +97,15 @@ def main(argv=None) -> dict:
     ]
     result = {
         "model": f"{args.model}:{args.size}",
-        "settings": {"steps": args.steps, "runs": args.runs, "threads": args.threads, "ratio": args.ratio,
-                     "sampler": "dpm++2m", "inputs": {k: v for k, v in inputs.items() if k != "prompt"},
-                     "load_average_end": os.getloadavg()},
+        "settings": {
+            "steps": args.steps,
+            "runs": args.runs,
+            "threads": args.threads,
+            "ratio": args.ratio,
+            "sampler": "dpm++2m",
+            "inputs": {k: v for k, v in inputs.items() if k != "prompt"},
+            "load_average_end": os.getloadavg(),
+        },
         "configs": rows,
         "tome_vs_tomesd_time_ratio": median["tomesd"] / median["tome"],
         "tome_vs_tomesd_cpu_time_ratio": median_cpu["tomesd"] / median_cpu["tome"],
@@ -107,7 +113,7 @@ def main(argv=None) -> dict:
         "tome_vs_tomesd_paired_cpu_ratio": statistics.median(a / b for a, b in zip(cpu["tomesd"], cpu["tome"])),
         "tome_vs_tomesd_paired_wall_ratio": statistics.median(a / b for a, b in zip(wall["tomesd"], wall["tome"])),
         "tome_minus_tomesd_psnr_db": rows[2]["psnr"] - rows[1]["psnr"],
-    }  # fmt: skip
+    }
     for row in rows:
         psnr_text = "-" if row["psnr"] is None else f"{row['psnr']:.2f} dB"
         print(

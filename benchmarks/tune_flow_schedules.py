@@ -40,9 +40,7 @@ OUT = Path(__file__).parent / "results" / "tune_flow_schedules.json"
 def held_out_error(pipe, refs: dict, batch: int, steps: int, timesteps=None) -> float:
     inputs = {"batch_size": batch}
     route = "flow" if timesteps is not None else None
-    return float(
-        np.mean([ode_error(sample(pipe, inputs, s, steps, timesteps, route), r) for s, r in refs.items()])
-    )
+    return float(np.mean([ode_error(sample(pipe, inputs, s, steps, timesteps, route), r) for s, r in refs.items()]))
 
 
 def main() -> None:
@@ -74,8 +72,9 @@ def main() -> None:
                 row["grid_standard"][f"{sampler} {name}"] = error
             pipe.scheduler = base
             start = time.perf_counter()
-            tuned = tune(pipe, sampler, nfe, seeds=args.seeds, batch=args.batch, max_evals=args.max_evals,
-                         progress=False)  # fmt: skip
+            tuned = tune(
+                pipe, sampler, nfe, seeds=args.seeds, batch=args.batch, max_evals=args.max_evals, progress=False
+            )
             seconds = time.perf_counter() - start
             pipe.scheduler = make_scheduler(sampler, base.config)
             row["tuned"][sampler] = {

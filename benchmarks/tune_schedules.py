@@ -72,9 +72,7 @@ def run_gmm(max_evals: int, samplers=SAMPLERS, nfes=NFES) -> dict:
 
             def errors(scheduler, timesteps=None, route=None, nfe=nfe):
                 pipe.scheduler = scheduler
-                return summary(
-                    [ode_error(sample(pipe, inputs, s, nfe, timesteps, route), exact[s]) for s in exact]
-                )
+                return summary([ode_error(sample(pipe, inputs, s, nfe, timesteps, route), exact[s]) for s in exact])
 
             default = errors(base)
             standard = {}
@@ -94,8 +92,7 @@ def run_gmm(max_evals: int, samplers=SAMPLERS, nfes=NFES) -> dict:
                 fp = FastPipeline(pipe)
                 fp.accelerate(f"scheduler(name={sampler});timesteps(path={path})")
                 outs = {
-                    s: fp(**inputs, generator=torch.Generator().manual_seed(s), output_type="pt").images
-                    for s in exact
+                    s: fp(**inputs, generator=torch.Generator().manual_seed(s), output_type="pt").images for s in exact
                 }
                 tuned_errors, extra = summary([ode_error(outs[s], exact[s]) for s in exact]), {}
                 fp.unwrap()
@@ -105,8 +102,15 @@ def run_gmm(max_evals: int, samplers=SAMPLERS, nfes=NFES) -> dict:
                 row[f"best_standard_{key}"] = [best, standard[best][key]]
                 row[f"vs_best_standard_{key}"] = 1 - tuned_errors[key] / standard[best][key]
                 row[f"vs_default_{key}"] = 1 - tuned_errors[key] / default[key]
-            row.update(standard=standard, timesteps=tuned.timesteps, sigmas=tuned.sigmas, calibration=tuned.objective,
-                       log=tuned.log, seconds=time.time() - started, **extra)  # fmt: skip
+            row.update(
+                standard=standard,
+                timesteps=tuned.timesteps,
+                sigmas=tuned.sigmas,
+                calibration=tuned.objective,
+                log=tuned.log,
+                seconds=time.time() - started,
+                **extra,
+            )
             rows.append(row)
             best, value = row["best_standard_held_out"]
             print(
@@ -134,9 +138,7 @@ def run_digits(max_evals: int) -> dict:
     configs, tuned_info, distances = [], {}, {}
     for nfe in (4, 5, 8):
         started = time.time()
-        tuned = tune(
-            fp.pipe, "dpm++2m", nfe, seeds=2, batch=64, max_evals=max_evals, starts=1, progress=False
-        )
+        tuned = tune(fp.pipe, "dpm++2m", nfe, seeds=2, batch=64, max_evals=max_evals, starts=1, progress=False)
         path = SCHEDULES / f"digits-dpm++2m-{nfe}.json"
         tuned.save(path)
         tuned_info[nfe] = {**json.loads(path.read_text()), "seconds": time.time() - started}
@@ -191,9 +193,7 @@ def tables() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "which", choices=["gmm", "digits", "table"], help="table: print the results as markdown"
-    )
+    parser.add_argument("which", choices=["gmm", "digits", "table"], help="table: print the results as markdown")
     parser.add_argument("--max-evals", type=int, default=None, help="default: 1500 (gmm), 250 (digits)")
     parser.add_argument("--samplers", nargs="+", default=SAMPLERS, help="gmm: samplers to run")
     parser.add_argument("--nfes", nargs="+", type=int, default=NFES, help="gmm: NFEs to run")

@@ -55,11 +55,14 @@ def _decode(name: str, spec: str, side: int, frames: int, out: str, queue) -> No
         video = vae.decode(latents).sample
     seconds = time.process_time() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    np.save(
-        out, video.float().clamp(-1, 1).permute(0, 2, 3, 4, 1).numpy()
-    )  # (batch, frames, height, width, rgb)
-    queue.put({"decode_peak_mb": round((peak - before) / 2**20, 1), "cpu_seconds": round(seconds, 2),
-               "frames_out": int(video.shape[2])})  # fmt: skip
+    np.save(out, video.float().clamp(-1, 1).permute(0, 2, 3, 4, 1).numpy())  # (batch, frames, height, width, rgb)
+    queue.put(
+        {
+            "decode_peak_mb": round((peak - before) / 2**20, 1),
+            "cpu_seconds": round(seconds, 2),
+            "frames_out": int(video.shape[2]),
+        }
+    )
 
 
 def measure(name: str, side: int, frames: int) -> list[dict]:
@@ -89,16 +92,26 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=65)
     parser.add_argument("--out", default=str(RESULTS / "video_vae.json"))
     args = parser.parse_args()
-    out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "device": f"CPU, {os.cpu_count()} cores", "side": args.side, "frames": args.frames, "threads": 1,
-           "size": "bench", "models": {}}  # fmt: skip
+    out = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "device": f"CPU, {os.cpu_count()} cores",
+        "side": args.side,
+        "frames": args.frames,
+        "threads": 1,
+        "size": "bench",
+        "models": {},
+    }
     for name in args.models.split(","):
         out["models"][name] = measure(name, args.side, args.frames)
         write_record(Path(args.out), out, benchmark="video_vae", indent=1)
         for row in out["models"][name]:
             extra = f"  x{row['memory_ratio']} less memory, psnr {row['psnr']}" if "psnr" in row else ""
-            print(f"{name:20s} {row['config']:12s} peak {row['decode_peak_mb']:8.1f} MB  "
-                  f"{row['cpu_seconds']:7.2f} s{extra}", flush=True)  # fmt: skip
+            print(
+                f"{name:20s} {row['config']:12s} peak {row['decode_peak_mb']:8.1f} MB  "
+                f"{row['cpu_seconds']:7.2f} s{extra}",
+                flush=True,
+            )
     print(f"wrote {args.out}")
 
 

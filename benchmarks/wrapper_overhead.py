@@ -36,8 +36,11 @@ def main() -> None:
 
     pipe = make_pipeline(args.model, args.size)
     pipe.set_progress_bar_config(disable=True)
-    call = {"prompt": "a photograph of an astronaut riding a horse", "num_inference_steps": args.steps,
-            "output_type": "np"}  # fmt: skip
+    call = {
+        "prompt": "a photograph of an astronaut riding a horse",
+        "num_inference_steps": args.steps,
+        "output_type": "np",
+    }
 
     def run(fn):
         start, cpu = time.perf_counter(), time.process_time()
@@ -56,11 +59,20 @@ def main() -> None:
     # Process CPU time (1 thread) is what the wrapper could add; wall time also counts other tenants' load.
     wall = statistics.median(w for w, _ in wrapped) / statistics.median(w for w, _ in raw)
     cpu = statistics.median(c for _, c in wrapped) / statistics.median(c for _, c in raw)
-    result = {"model": f"{args.model}-{args.size}", "steps": args.steps, "threads": args.threads,
-              "raw_seconds": raw, "wrapped_seconds": wrapped, "overhead_percent_cpu": 100 * (cpu - 1),
-              "overhead_percent_wall": 100 * (wall - 1), "loadavg": os.getloadavg()}  # fmt: skip
-    print(f"overhead: CPU time {100 * (cpu - 1):+.2f}%, wall time {100 * (wall - 1):+.2f}% over {args.pairs} "
-          f"interleaved pairs (outputs bit-identical); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    result = {
+        "model": f"{args.model}-{args.size}",
+        "steps": args.steps,
+        "threads": args.threads,
+        "raw_seconds": raw,
+        "wrapped_seconds": wrapped,
+        "overhead_percent_cpu": 100 * (cpu - 1),
+        "overhead_percent_wall": 100 * (wall - 1),
+        "loadavg": os.getloadavg(),
+    }
+    print(
+        f"overhead: CPU time {100 * (cpu - 1):+.2f}%, wall time {100 * (wall - 1):+.2f}% over {args.pairs} "
+        f"interleaved pairs (outputs bit-identical); load average {os.getloadavg()[0]:.1f}"
+    )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_record(Path(args.json), result, benchmark="wrapper_overhead", indent=2)
 

@@ -53,9 +53,7 @@ def measure(model, specs: str, call: dict, runs: int) -> dict:
     xla = tpu_infer(model, specs, device="xla", runs=runs, **call)
     out["xla"] = {k: xla[k] for k in ("s_per_image", "seconds", "warmup", "timed")}
     out["xla"].update(fidelity(xla["images"], eager["images"]))
-    if (
-        "deepcache" not in specs
-    ):  # bfloat16: against fp32 eager (what bf16 costs) and bf16 eager (what XLA adds)
+    if "deepcache" not in specs:  # bfloat16: against fp32 eager (what bf16 costs) and bf16 eager (what XLA adds)
         eager_bf16 = tpu_infer(model, specs, device="cpu", bf16=True, runs=1, **call)
         xla = tpu_infer(model, specs, device="xla", bf16=True, runs=runs, **call)
         out["xla_bf16"] = {k: xla[k] for k in ("s_per_image", "seconds", "warmup", "timed")}
@@ -83,11 +81,15 @@ def main() -> None:
     }
     result = {
         "setup": {
-            "torch": torch.__version__, "torch_xla": torch_xla.__version__, "cpus": os.cpu_count(),
-            "PJRT_DEVICE": os.environ.get("PJRT_DEVICE"), "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-            "machine": platform.processor() or platform.machine(), "runs": args.runs,
+            "torch": torch.__version__,
+            "torch_xla": torch_xla.__version__,
+            "cpus": os.cpu_count(),
+            "PJRT_DEVICE": os.environ.get("PJRT_DEVICE"),
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "machine": platform.processor() or platform.machine(),
+            "runs": args.runs,
         },
-    }  # fmt: skip
+    }
     for name, call in MODELS.items():
         for label, specs in CONFIGS.items():
             entry = measure(paths[name], specs, call, args.runs)

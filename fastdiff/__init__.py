@@ -16,9 +16,17 @@ except PackageNotFoundError:  # a source tree on sys.path, not installed: pyproj
     __version__ = "0.1.0"
 
 __all__ = [
-    "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "NonFiniteOutputError",
-    "UnsupportedModelError", "available", "load_pipeline", "parse", "register",
-]  # fmt: skip
+    "Accelerator",
+    "AcceleratorError",
+    "FastPipeline",
+    "Handle",
+    "NonFiniteOutputError",
+    "UnsupportedModelError",
+    "available",
+    "load_pipeline",
+    "parse",
+    "register",
+]
 
 
 def __getattr__(name: str):

@@ -50,12 +50,25 @@ def one_thread():
 # The files that take longest (minutes with `make test`'s two workers) run first, so that `--dist loadfile`
 # does not leave one worker on a long file while the other has finished (`make test` passes
 # --no-loadscope-reorder: xdist would otherwise order files by their number of tests).
-LONGEST_FIRST = ("test_fuzz_server.py", "test_coexist.py", "test_notebooks.py", "test_coexist_flow_dit.py",
-                 "test_video.py", "test_quantize_static.py")  # fmt: skip
+LONGEST_FIRST = (
+    "test_fuzz_server.py",
+    "test_coexist.py",
+    "test_notebooks.py",
+    "test_coexist_flow_dit.py",
+    "test_video.py",
+    "test_quantize_static.py",
+)
 # Files whose tests start several processes at once (workers, a server and its fuzzing client): one work unit, so
 # they run one after another on one worker; beside each other, 5 processes on 2 cores took 30-60% longer.
-SEVERAL_PROCESSES = ("test_fuzz_server.py", "test_parallel_async.py", "test_parallel.py", "test_stages.py",
-                     "test_serving.py", "test_parallel_async_variants.py", "test_parallel_sequence.py")  # fmt: skip
+SEVERAL_PROCESSES = (
+    "test_fuzz_server.py",
+    "test_parallel_async.py",
+    "test_parallel.py",
+    "test_stages.py",
+    "test_serving.py",
+    "test_parallel_async_variants.py",
+    "test_parallel_sequence.py",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -22,13 +22,21 @@ NO_NOISING = "calls the scheduler's scale_noise"
 # variant -> {accelerator: a phrase of the expected refusal}; every other cell must work under every habit
 REFUSALS = {
     **{
-        name: {"tome": "tome does not support", "prune": NOT_PRUNABLE, "fuse": NO_ATTENTION_LAYER,
-               "attention": NO_ATTENTION_LAYER}
+        name: {
+            "tome": "tome does not support",
+            "prune": NOT_PRUNABLE,
+            "fuse": NO_ATTENTION_LAYER,
+            "attention": NO_ATTENTION_LAYER,
+        }
         for name in ("tiny-flux", "tiny-flux-schnell", "tiny-flux2", "tiny-flux2-klein")
     },
     **{
-        name: {"tome": "tome does not support", "prune": NOT_PRUNABLE, "fuse": JOINT_PROCESSOR,
-               "attention": JOINT_PROCESSOR}
+        name: {
+            "tome": "tome does not support",
+            "prune": NOT_PRUNABLE,
+            "fuse": JOINT_PROCESSOR,
+            "attention": JOINT_PROCESSOR,
+        }
         for name in ("tiny-sd3", "tiny-sana", "tiny-qwen-image", "tiny-zimage")
     },
     "tiny-pixart-sigma": {"prune": "holds tensors outside its submodules"},
@@ -37,7 +45,7 @@ REFUSALS = {
     "tiny-sd3-img2img": {"scheduler": NO_NOISING},
     "tiny-qwen-image-img2img": {"scheduler": NO_NOISING},
     "tiny-qwen-image-inpaint": {"scheduler": NO_NOISING},
-}  # fmt: skip
+}
 REFUSALS["tiny-flux2"]["cfg-interval"] = "needs a pipeline with classifier-free guidance"
 REFUSALS["tiny-zimage"]["scheduler"] = "passes its own sigmas to the scheduler"
 for _name in REFUSALS:

@@ -68,8 +68,8 @@ def _color(accuracy: Any) -> str:
 
 def expected(results: dict[str, Any], docs: Path) -> dict[Path, str]:
     """Each chart whose results file exists, as it should be on disk."""
-    return {path: draw(model, results[CHARTS[model][0]]) for model, path in chart_paths(docs).items()
-            if CHARTS[model][0] in results}  # fmt: skip
+    paths = {model: path for model, path in chart_paths(docs).items() if CHARTS[model][0] in results}
+    return {path: draw(model, results[CHARTS[model][0]]) for model, path in paths.items()}
 
 
 def comparable(on_disk: str) -> bool:

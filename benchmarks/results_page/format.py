@@ -59,9 +59,7 @@ def table(columns: list[tuple[str, Callable[[Any], Any]]], items: list[Any]) -> 
     keep = [j for j in range(len(columns)) if any(row[j] not in (None, "") for row in cells)]
     head = "| " + " | ".join(columns[j][0] for j in keep) + " |"
     rule = "|" + "---|" * len(keep)
-    body = [
-        "| " + " | ".join("-" if row[j] in (None, "") else str(row[j]) for j in keep) + " |" for row in cells
-    ]
+    body = ["| " + " | ".join("-" if row[j] in (None, "") else str(row[j]) for j in keep) + " |" for row in cells]
     return "\n".join([head, rule, *body])
 
 

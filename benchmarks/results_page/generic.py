@@ -16,8 +16,10 @@ from typing import Any
 
 from .format import code, db, missing, pct, table
 
-PROVENANCE = {"command", "commit", "date", "device", "load", "threads", "build_command", "eval_command",
-              "commands", "record", "machine", "setup", "measure", "build", "benchmark", "note", "notes"}  # fmt: skip
+PROVENANCE = set(
+    "command commit date device load threads build_command eval_command commands record machine setup measure build "
+    "benchmark note notes".split()
+)
 SUFFIXES = ("_min", "_max", "_verdict", "_low", "_high", "_rounds")
 MAX_ROWS = 30  # a longer list is cut, saying how many rows the file holds
 MAX_DEPTH = 3
@@ -35,11 +37,7 @@ def show(key: str, v: Any, row: dict | None = None) -> str | None:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, str):
-        return (
-            code(v)
-            if key in ("specs", "spec", "accelerators", "config_spec") or "(" in v and len(v) < 120
-            else v
-        )
+        return code(v) if key in ("specs", "spec", "accelerators", "config_spec") or "(" in v and len(v) < 120 else v
     if isinstance(v, list):
         return summary(v)
     if not isinstance(v, (int, float)):
@@ -134,9 +132,7 @@ def plain_list(v: Any) -> bool:
 
 def settings_line(d: dict) -> str:
     items = [(k, v) for k, v in d.items() if k not in PROVENANCE and (scalar(v) or plain_list(v))]
-    items = [
-        (k, show(k, v, d)) for k, v in items if not any(k.endswith(s) and k[: -len(s)] in d for s in SUFFIXES)
-    ]
+    items = [(k, show(k, v, d)) for k, v in items if not any(k.endswith(s) and k[: -len(s)] in d for s in SUFFIXES)]
     return "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in items if v not in (None, ""))
 
 

@@ -53,8 +53,8 @@ def _flow_pick(r, family: str) -> tuple[str, str, str]:
     """A headline of digits-flow's caching run (benchmarks/caching_select.py): the family's pick on seed 0."""
     d = r["flow_caching"]
     c = find(d["rows"], "name", d["selection"]["picks"][family].split("=", 1)[0])
-    return _compared(c, d["rows"][0], f"{spread(c, 'speedup')} ({c['setting']})",
-                     f"digits-flow, picked on seed {d['selection']['seed']}")  # fmt: skip
+    speed, model = f"{spread(c, 'speedup')} ({c['setting']})", f"digits-flow, picked on seed {d['selection']['seed']}"
+    return _compared(c, d["rows"][0], speed, model)
 
 
 def h_promptcache(r):
@@ -92,9 +92,7 @@ def h_quantize(r):
 def h_prune(r):
     c = _digits(r, "prune 0.5 recovered")
     share = c["params"] / _digits(r, "dpm++2m 20")["params"]
-    return _vs_dpm(
-        r, "prune 0.5 recovered", f"at {share:.0%} of the parameters (ratio 0.5, recovered)", "original"
-    )
+    return _vs_dpm(r, "prune 0.5 recovered", f"at {share:.0%} of the parameters (ratio 0.5, recovered)", "original")
 
 
 def h_lowrank(r):
@@ -147,9 +145,13 @@ def h_vae_tiling(r):
 def h_tiny_vae(r):
     """digits-sd's whole calls (where it loses), and a one-step SD 1.5-size call (where it pays)."""
     speed, quality, model = _pair(r, "tiny_vae_digits_sd", "dpm++2m 4 + tiny-vae", "dpm++2m 4", "digits-sd")
-    sd15 = {row["accelerators"] is not None: row["seconds"]["total"] for row in r["tiny_vae_split"]["models"]["sd15"]}  # fmt: skip
-    return (f"{speed} on digits-sd; {fx(sd15[False] / sd15[True])} on a one-step call at SD 1.5 size (TAESD's layout, "
-            "random weights: speed only)", quality, f"{model}; SD 1.5 size")  # fmt: skip
+    sd15 = {row["accelerators"] is not None: row["seconds"]["total"] for row in r["tiny_vae_split"]["models"]["sd15"]}
+    return (
+        f"{speed} on digits-sd; {fx(sd15[False] / sd15[True])} on a one-step call at SD 1.5 size (TAESD's layout, "
+        "random weights: speed only)",
+        quality,
+        f"{model}; SD 1.5 size",
+    )
 
 
 def h_experts(r):
@@ -173,9 +175,7 @@ def h_parallel_cfg(r):
     c = r["parallel_cfg"]["digits"]
     return (
         f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (wall time)",
-        "identical images"
-        if not c["max_abs_difference"]
-        else f"max difference {c['max_abs_difference']:.1e}",
+        "identical images" if not c["max_abs_difference"] else f"max difference {c['max_abs_difference']:.1e}",
         "digits",
     )
 
@@ -195,9 +195,7 @@ def h_parallel_sequence(r):
     c = max(rows, key=lambda x: x["tokens"])
     return (
         f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (denoising loop, {c['tokens']} tokens)",
-        "identical latents"
-        if not c["max_abs_difference"]
-        else f"max difference {c['max_abs_difference']:.1e}",
+        "identical latents" if not c["max_abs_difference"] else f"max difference {c['max_abs_difference']:.1e}",
         "tiny-wan",
     )
 

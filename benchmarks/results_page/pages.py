@@ -29,8 +29,8 @@ DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 
 
 # keys under which results files record the commands that wrote them, and how the page labels each
-COMMAND_KEYS = {"command": "Command", "build_command": "Build", "eval_command": "Evaluate", "build": "Build",
-                "measure": "Measure"}.items()  # fmt: skip
+COMMAND_KEYS = [("command", "Command"), ("build_command", "Build"), ("eval_command", "Evaluate")]
+COMMAND_KEYS += [("build", "Build"), ("measure", "Measure")]
 
 
 def command_of(d: Any) -> list[tuple[str, str]]:
@@ -94,9 +94,7 @@ def legacy_stems() -> set[str]:
     """Files written before results carried a commit and the load: each leaves the list when its command re-runs."""
     if not LEGACY.is_file():
         return set()
-    return {
-        line.strip() for line in LEGACY.read_text().splitlines() if line.strip() and not line.startswith("#")
-    }
+    return {line.strip() for line in LEGACY.read_text().splitlines() if line.strip() and not line.startswith("#")}
 
 
 def missing_provenance(d: Any) -> list[str]:
@@ -117,16 +115,10 @@ def provenance_errors(results: dict[str, Any]) -> list[str]:
     for stem, d in results.items():
         missing = missing_provenance(d)
         if missing and stem not in legacy:
-            errors.append(
-                f"benchmarks/results/{stem}.json records no {', '.join(missing)}: re-run its command"
-            )
+            errors.append(f"benchmarks/results/{stem}.json records no {', '.join(missing)}: re-run its command")
         elif not missing and stem in legacy:
-            errors.append(
-                f"benchmarks/results/{stem}.json has full provenance now: remove it from {LEGACY.name}"
-            )
-    errors += [
-        f"{LEGACY.name} lists {stem}, which has no results file" for stem in sorted(legacy - set(results))
-    ]
+            errors.append(f"benchmarks/results/{stem}.json has full provenance now: remove it from {LEGACY.name}")
+    errors += [f"{LEGACY.name} lists {stem}, which has no results file" for stem in sorted(legacy - set(results))]
     for stem, d in results.items():  # files written as results records keep the record's rules
         if isinstance(d, dict) and "record" in d:
             errors += [f"benchmarks/results/{stem}.json: {problem}" for problem in record_problems(d)]
@@ -261,9 +253,7 @@ def check(pages: dict[Path, str]) -> int:
     stale = [
         p
         for p, text in pages.items()
-        if not p.is_file()
-        or p.read_text() != text
-        and (p.suffix != ".svg" or charts.comparable(p.read_text()))
+        if not p.is_file() or p.read_text() != text and (p.suffix != ".svg" or charts.comparable(p.read_text()))
     ]
     for p in stale:
         print(

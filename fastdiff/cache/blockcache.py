@@ -57,21 +57,15 @@ DEFAULT_THRESHOLD = 0.05  # first-block and teacache, where neither threshold no
 
 
 class _State:
-    def __init__(
-        self, config: BlockCache, context, joined: bool = False, threshold: float = DEFAULT_THRESHOLD
-    ):
+    def __init__(self, config: BlockCache, context, joined: bool = False, threshold: float = DEFAULT_THRESHOLD):
         self.config, self.context, self.threshold = config, context, threshold
-        self.joined = (
-            joined  # the last block returns [text, image] joined: its image states are the trailing ones
-        )
+        self.joined = joined  # the last block returns [text, image] joined: its image states are the trailing ones
         self.step, self.branches = 0, ("cond",)
         self.skip = False  # first-block, teacache: the (remaining) blocks are skipped in this evaluation
         self.skipped = 0  # evaluations whose blocks were skipped (or reused, in interval mode), since apply
         self.reuse = False  # interval: stored layer outputs are used in this evaluation
         self.saved = BranchState()  # stored outputs by name, per guidance branch; cleared every call
-        self.kinds: dict[
-            str, tuple | None
-        ] = {}  # interval: None for a tensor output, else the tuple's layout
+        self.kinds: dict[str, tuple | None] = {}  # interval: None for a tensor output, else the tuple's layout
         self.head_output: torch.Tensor | None = None
         self.last_full = 0
         # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
@@ -169,9 +163,7 @@ class _Reuse(ModelHook):
             stored = st.kinds[self.key]  # a tensor, or a tuple of tensors and Nones (joint attention)
             if stored is None:
                 return st.cache(self.key).get(st.branches)
-            return tuple(
-                None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored
-            )
+            return tuple(None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if isinstance(output, torch.Tensor):
             st.kinds[self.key] = None
@@ -243,9 +235,7 @@ class BlockCache(Accelerator):
                 head = _Head(state, block_io(blocks[0]))
             targets.append((blocks[0], head))
             targets += [
-                (b, _Rest(state, block_io(b), last=i == len(blocks) - 1))
-                for i, b in enumerate(blocks)
-                if i > 0
+                (b, _Rest(state, block_io(b), last=i == len(blocks) - 1)) for i, b in enumerate(blocks) if i > 0
             ]
         else:
             for i, block in enumerate(blocks):
@@ -266,10 +256,6 @@ class BlockCache(Accelerator):
 def fitted_threshold(path: str, model) -> float:
     """The threshold in the first-block fit file ``path`` (``fastdiff fit-first-block``), checked against ``model``."""
     threshold = read_fit(path, model, "first-block").get("threshold")
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not 0 <= threshold < float("inf")
-    ):
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < float("inf"):
         raise AcceleratorError(f"blockcache: fit file {path!r} has no finite 'threshold' >= 0")
     return float(threshold)

@@ -190,5 +190,10 @@ def fit_rescaling(fp, calls: list[dict], degree: int = 4) -> dict:
     x, y = np.array(pairs).T
     coefficients = np.polyfit(x, y, degree)
     residual = float(np.sqrt(np.mean((np.polyval(coefficients, x) - y) ** 2)))
-    return {"mode": "teacache", "model": type(fp.denoiser).__name__, "coefficients": coefficients.tolist(),
-            "points": len(pairs), "rms_error": residual}  # fmt: skip
+    return {
+        "mode": "teacache",
+        "model": type(fp.denoiser).__name__,
+        "coefficients": coefficients.tolist(),
+        "points": len(pairs),
+        "rms_error": residual,
+    }

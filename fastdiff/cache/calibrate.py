@@ -81,8 +81,12 @@ def fit_first_block(fp, call: dict, psnr: float = DEFAULT_PSNR, seed: int = 1000
         images, cached = run_first_block(fp, call, seed, threshold)
         reached = worst_psnr(images, reference)
         computed = computed_steps(cached)
-        tries[threshold] = {"threshold": threshold, "psnr": None if math.isinf(reached) else round(reached, 4),
-                            "computed_steps": len(computed), "computed": computed}  # fmt: skip
+        tries[threshold] = {
+            "threshold": threshold,
+            "psnr": None if math.isinf(reached) else round(reached, 4),
+            "computed_steps": len(computed),
+            "computed": computed,
+        }
         return tries[threshold]
 
     def fits(found: dict) -> bool:

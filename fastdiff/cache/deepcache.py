@@ -108,9 +108,7 @@ def plan(unet, branch: int) -> _Plan:
                 layer.append((f"down_blocks.{d}.attentions.{j}", attentions[j]))
             producers.append((d, layer))
         if getattr(block, "downsamplers", None):
-            producers.append(
-                (d, [(f"down_blocks.{d}.downsamplers.{k}", m) for k, m in enumerate(block.downsamplers)])
-            )
+            producers.append((d, [(f"down_blocks.{d}.downsamplers.{k}", m) for k, m in enumerate(block.downsamplers)]))
     num_branches = 1 + len(producers)
     consumers = [(u, i) for u in reversed(range(len(up))) for i in reversed(range(len(up[u].resnets)))]
     if len(consumers) != num_branches:
@@ -150,13 +148,10 @@ def plan(unet, branch: int) -> _Plan:
     if unet.mid_block is not None and source[0] != "mid_block":
         skipped.append(("mid_block", unet.mid_block))
     if source[1] is None:
-        raise UnsupportedModelError(
-            f"deepcache: {type(unet).__name__} has no mid block to cache at branch {branch}"
-        )
+        raise UnsupportedModelError(f"deepcache: {type(unet).__name__} has no mid block to cache at branch {branch}")
     names = {n for n, _ in skipped}
     adapter_live = tuple(
-        f"down_blocks.{d}" not in names and _adapter_target(d, block) not in names
-        for d, block in enumerate(down)
+        f"down_blocks.{d}" not in names and _adapter_target(d, block) not in names for d, block in enumerate(down)
     )
     return _Plan(skipped, source, num_branches, branch, "mid_block" in names, adapter_live)
 
@@ -196,9 +191,7 @@ SOURCE = "source"  # the store of the cached deep feature
 class _State:
     def __init__(self, config: DeepCache, layout: _Plan):
         self.config, self.layout, self.reuse = config, layout, False
-        self.steps: frozenset[int] | None = (
-            None  # full-compute steps of this call, set at its first evaluation
-        )
+        self.steps: frozenset[int] | None = None  # full-compute steps of this call, set at its first evaluation
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
         # (key, batch) -> placeholder, made once per call
@@ -245,9 +238,7 @@ class _Controller(StatefulHook):
         st.batch, st.branches = sample.shape[0], ctx.branches
         last_full = max((s for s in st.steps if s <= ctx.step), default=0)
         chunk = st.batch // len(st.branches)
-        st.reuse = ctx.step not in st.steps and st.saved.store(SOURCE).has(
-            st.branches, since=last_full, chunk=chunk
-        )
+        st.reuse = ctx.step not in st.steps and st.saved.store(SOURCE).has(st.branches, since=last_full, chunk=chunk)
         if st.reuse:
             kwargs = trim_residuals(st.layout, kwargs)
         return args, kwargs

@@ -131,10 +131,7 @@ class ForecastHook(StatefulHook):
         per_branch = []
         for branch in branches:
             points, weights = _stable_fit(self.outputs.points(branch), step)
-            chunks = [
-                sum(w * values[k] for w, (_, values) in zip(weights, points))
-                for k in range(len(points[-1][1]))
-            ]
+            chunks = [sum(w * values[k] for w, (_, values) in zip(weights, points)) for k in range(len(points[-1][1]))]
             per_branch.append(chunks)
         tensors = [torch.cat([b[k] for b in per_branch]) for k in range(len(per_branch[0]))]
         return with_tensors(self.template, tensors)

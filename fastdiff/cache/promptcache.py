@@ -190,9 +190,7 @@ class PromptCache(Accelerator):
         handles = install_hooks(hooks, HOOK_NAME, fp.context).handles
 
         def stats() -> dict:
-            per = {
-                a: {"hits": c.hits, "misses": c.misses, "entries": len(c.entries)} for a, c in lrus.items()
-            }
+            per = {a: {"hits": c.hits, "misses": c.misses, "entries": len(c.entries)} for a, c in lrus.items()}
             total = {k: sum(p[k] for p in per.values()) for k in ("hits", "misses", "entries")}
             return {**total, "encoders": per}
 

@@ -41,9 +41,7 @@ def model_options(p: argparse.ArgumentParser, batch_default: str) -> None:
     )
     p.add_argument("--steps", type=IntRange(3), default=28, help="steps per call (default 28)")
     p.add_argument("--batch", type=POSITIVE, default=None, help=f"images per call (default: {batch_default})")
-    p.add_argument(
-        "--guidance", type=float, default=None, help="guidance scale (default: the model's bench guidance)"
-    )
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's bench guidance)")
     p.add_argument("--out", required=True, help="write the fit JSON here")
 
 
@@ -86,8 +84,7 @@ def call_kwargs(fp, args, batch: int | None) -> dict:
     """One call's kwargs but the generator: the model's bench inputs and guidance unless ``args`` say otherwise."""
     from fastdiff.core.inputs import make_inputs
 
-    return dict(make_inputs(fp.pipe, batch, guidance=args.guidance), num_inference_steps=args.steps,
-                output_type="np")  # fmt: skip
+    return dict(make_inputs(fp.pipe, batch, guidance=args.guidance), num_inference_steps=args.steps, output_type="np")
 
 
 def run(args) -> dict:
@@ -121,13 +118,29 @@ def run_first_block(args) -> dict:
         raise FileNotFoundError(f"--out {args.out!r}: its directory does not exist")
     call = call_kwargs(fp, args, batch)
     fit = fit_first_block(fp, call, psnr, seed=args.seed)
-    words = ["fastdiff", "fit-first-block", args.model, "--size", args.size, "--steps", str(args.steps),
-             "--batch", str(batch), "--psnr", f"{psnr:g}", "--seed", str(args.seed)]  # fmt: skip
+    words = [
+        "fastdiff",
+        "fit-first-block",
+        args.model,
+        "--size",
+        args.size,
+        "--steps",
+        str(args.steps),
+        "--batch",
+        str(batch),
+        "--psnr",
+        f"{psnr:g}",
+        "--seed",
+        str(args.seed),
+    ]
     words += ["--guidance", str(args.guidance)] if args.guidance is not None else []
     words += ["--accel", args.accel] if args.accel else []
     plain = (str, int, float, bool, type(None))
-    inputs = {k: v for k, v in call.items() if isinstance(v, plain) or (
-              isinstance(v, list) and all(isinstance(x, plain) for x in v))}  # fmt: skip
+    inputs = {
+        k: v
+        for k, v in call.items()
+        if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))
+    }
     fit.update(
         settings={"size": args.size, "accel": args.accel, "seed": args.seed, "batch": batch, "call": inputs},
         command=shlex.join([*words, "--out", args.out]),

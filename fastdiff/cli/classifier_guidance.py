@@ -54,10 +54,17 @@ def cmd_train_classifier(args) -> Path:
         torch.set_num_threads(args.threads)
     scheduler_config = DDPMScheduler.load_config(model, subfolder="scheduler")
     classifier, report = train_noisy_classifier(
-        arrays["x_train"], arrays["y_train"], scheduler_config, steps=args.steps, batch_size=args.batch_size,
-        lr=args.lr, seed=args.seed, widths=tuple(args.widths), x_test=arrays.get("x_test"),
+        arrays["x_train"],
+        arrays["y_train"],
+        scheduler_config,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        widths=tuple(args.widths),
+        x_test=arrays.get("x_test"),
         y_test=arrays.get("y_test"),
-    )  # fmt: skip
+    )
     report.update(model=str(model), data=str(data), threads=torch.get_num_threads())
     out = save_noisy_classifier(classifier, args.out, report)
     out.with_name(out.name + ".json").write_text(json.dumps(report, indent=2))
@@ -68,9 +75,7 @@ def cmd_train_classifier(args) -> Path:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``train-classifier`` to the ``fastdiff`` subcommands."""
-    p = subparsers.add_parser(
-        "train-classifier", help="train a noise-aware classifier for classifier-guidance"
-    )
+    p = subparsers.add_parser("train-classifier", help="train a noise-aware classifier for classifier-guidance")
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("out", help="classifier file to write (its report goes to OUT.json)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")

@@ -89,9 +89,16 @@ def run_demo(
     fp.pipe.set_progress_bar_config(disable=True)
     _warm_up(fp, configs or DEMO_CONFIGS)
     result = run_bench(
-        fp, configs or DEMO_CONFIGS, steps=None, runs=runs, threads=threads, json_path=out / "demo.json",
-        image_dir=out, batch=images or (100 if quick else DEMO_IMAGES), warmup=False,
-    )  # fmt: skip
+        fp,
+        configs or DEMO_CONFIGS,
+        steps=None,
+        runs=runs,
+        threads=threads,
+        json_path=out / "demo.json",
+        image_dir=out,
+        batch=images or (100 if quick else DEMO_IMAGES),
+        warmup=False,
+    )
     print(format_table(result))
     print(f"\nPNG grids per config and demo.json are in {out}/")
     return result

@@ -49,8 +49,10 @@ def cmd_reference(args) -> None:
         from fastdiff.zoo.reference_sd import SIZES as SD_SIZES
         from fastdiff.zoo.reference_sd import build_reference_sd
 
-        steps = dict(SD_SIZES["bench"], **{k: v for k, v in (("vae_steps", args.vae_steps),
-                                                              ("unet_steps", args.unet_steps)) if v})  # fmt: skip
+        steps = dict(
+            SD_SIZES["bench"],
+            **{k: v for k, v in (("vae_steps", args.vae_steps), ("unet_steps", args.unet_steps)) if v},
+        )
         out = build_reference_sd(args.dir, seed=args.seed, resume=args.resume, threads=args.threads, **steps)
         print(f"digits-sd reference model in {out}")
         return
@@ -75,11 +77,24 @@ def cmd_bench(args) -> None:
     from fastdiff.eval.bench import format_table, run_bench
 
     result = run_bench(
-        resolve_model(args.model, args.size), parse_configs(args.config), steps=args.steps, runs=args.runs,
-        seed=args.seed, threads=args.threads, batch=args.batch, height=args.height, width=args.width,
-        guidance=args.guidance, json_path=args.json, quality=not args.no_quality, image_dir=args.images,
-        warmup=not args.no_warmup, devices=args.devices, alternate=not args.no_alternate, max_load=args.max_load,
-    )  # fmt: skip
+        resolve_model(args.model, args.size),
+        parse_configs(args.config),
+        steps=args.steps,
+        runs=args.runs,
+        seed=args.seed,
+        threads=args.threads,
+        batch=args.batch,
+        height=args.height,
+        width=args.width,
+        guidance=args.guidance,
+        json_path=args.json,
+        quality=not args.no_quality,
+        image_dir=args.images,
+        warmup=not args.no_warmup,
+        devices=args.devices,
+        alternate=not args.no_alternate,
+        max_load=args.max_load,
+    )
     print(format_table(result))
     if args.json:
         print(f"wrote {args.json}")
@@ -150,13 +165,17 @@ def cmd_compress(args) -> None:
     from fastdiff.compress.recover import compress_model
 
     report = compress_model(
-        resolve_model(args.model, args.size), args.out, args.accel, recover_steps=args.recover_steps, lr=args.lr,
-        batch=args.batch or 32, gt_weight=args.gt_weight, resume=not args.no_resume,
-    )  # fmt: skip
-    print(json.dumps(report, indent=2, default=str))
-    print(
-        f"compressed model in {args.out}; load it with fastdiff.compress.recover.load_compressed({args.out!r})"
+        resolve_model(args.model, args.size),
+        args.out,
+        args.accel,
+        recover_steps=args.recover_steps,
+        lr=args.lr,
+        batch=args.batch or 32,
+        gt_weight=args.gt_weight,
+        resume=not args.no_resume,
     )
+    print(json.dumps(report, indent=2, default=str))
+    print(f"compressed model in {args.out}; load it with fastdiff.compress.recover.load_compressed({args.out!r})")
 
 
 def cmd_export_onnx(args) -> None:
@@ -175,9 +194,13 @@ def cmd_demo(args) -> None:
     from fastdiff.cli.demo import run_demo
 
     run_demo(
-        out_dir=args.out, runs=args.runs, quick=args.quick, retrain=args.retrain, threads=args.threads,
+        out_dir=args.out,
+        runs=args.runs,
+        quick=args.quick,
+        retrain=args.retrain,
+        threads=args.threads,
         images=args.images,
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,16 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     ref_sub = ref.add_subparsers(dest="ref_cmd", required=True)
     rbuild = ref_sub.add_parser("build", help="train the reference model into DIR")
     rbuild.add_argument("dir")
-    rbuild.add_argument(
-        "--steps", type=POSITIVE, default=3000, help="optimizer steps (batch 64); default 3000"
-    )
+    rbuild.add_argument("--steps", type=POSITIVE, default=3000, help="optimizer steps (batch 64); default 3000")
     rbuild.add_argument("--seed", type=NON_NEGATIVE, default=0)
     rbuild.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
     rbuild.add_argument("--resolution", type=int, default=16, choices=[16, 32])
     rbuild.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt up to --steps")
-    rbuild.add_argument("--kind", default="digits", choices=["digits", "sd"],
-                        help="digits: class-conditional UNet2DModel; sd: digits-sd, a StableDiffusionPipeline "
-                             "(VAE + CLIP text encoder + UNet2DConditionModel) on digit prompts")  # fmt: skip
+    rbuild.add_argument(
+        "--kind",
+        default="digits",
+        choices=["digits", "sd"],
+        help="digits: class-conditional UNet2DModel; sd: digits-sd, a StableDiffusionPipeline "
+        "(VAE + CLIP text encoder + UNet2DConditionModel) on digit prompts",
+    )
     rbuild.add_argument("--vae-steps", type=POSITIVE, default=None, help="--kind sd: VAE steps (default 500)")
     rbuild.add_argument(
         "--unet-steps",
@@ -226,9 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_args(p):
         p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
-        p.add_argument(
-            "--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name"
-        )
+        p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
         p.add_argument("--threads", type=POSITIVE, default=None, help="torch threads")
         p.add_argument("--batch", type=POSITIVE, default=None, help="images per call")
 
@@ -245,12 +268,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--images", help="write a PNG grid per config into this directory")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run per config")
     bench.add_argument("--no-quality", action="store_true", help="skip model-specific quality metrics")
-    bench.add_argument("--no-alternate", action="store_true",
-                       help="time each config's runs back to back instead of in alternating rounds")  # fmt: skip
-    bench.add_argument("--max-load", type=NON_NEGATIVE_FLOAT, default=None,
-                       help="refuse to time a round while the load average, less this run's threads, is above this")  # fmt: skip
-    bench.add_argument("--devices", type=POSITIVE, default=1,
-                       help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs); every config then runs with freed memory kept for reuse (glibc), as the workers do")  # fmt: skip
+    bench.add_argument(
+        "--no-alternate",
+        action="store_true",
+        help="time each config's runs back to back instead of in alternating rounds",
+    )
+    bench.add_argument(
+        "--max-load",
+        type=NON_NEGATIVE_FLOAT,
+        default=None,
+        help="refuse to time a round while the load average, less this run's threads, is above this",
+    )
+    bench.add_argument(
+        "--devices",
+        type=POSITIVE,
+        default=1,
+        help="worker processes for configs with parallel(...) (gloo on CPU, nccl on GPUs); every config then runs with freed memory kept for reuse (glibc), as the workers do",
+    )
     bench.set_defaults(func=cmd_bench)
 
     gen = sub.add_parser("generate", help="write PNGs")
@@ -264,11 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=POSITIVE)
     gen.add_argument("--frames", type=POSITIVE, dest="num_frames", help="clip length (video models)")
     gen.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    gen.add_argument("--out", required=True, help="directory for the images (video: an animated GIF per clip)")
     gen.add_argument(
-        "--out", required=True, help="directory for the images (video: an animated GIF per clip)"
+        "--devices",
+        type=POSITIVE,
+        default=1,
+        help="worker processes (gloo on CPU, nccl on GPUs) for the parallel accelerator (default mode=cfg); started and stopped here",
     )
-    gen.add_argument("--devices", type=POSITIVE, default=1,
-                     help="worker processes (gloo on CPU, nccl on GPUs) for the parallel accelerator (default mode=cfg); started and stopped here")  # fmt: skip
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="time split and top operators of one call")
@@ -278,19 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--top", type=POSITIVE, default=15)
     prof.set_defaults(func=cmd_profile)
 
-    comp = sub.add_parser(
-        "compress", help="apply weight-changing accelerators, recover by distillation, save"
-    )
+    comp = sub.add_parser("compress", help="apply weight-changing accelerators, recover by distillation, save")
     model_args(comp)
     comp.add_argument("out")
-    comp.add_argument(
-        "--accel", required=True, type=accel_specs, help="compress specs, e.g. 'prune(ratio=0.5)'"
-    )
+    comp.add_argument("--accel", required=True, type=accel_specs, help="compress specs, e.g. 'prune(ratio=0.5)'")
     comp.add_argument("--recover-steps", type=NON_NEGATIVE, default=200)
     comp.add_argument("--lr", type=POSITIVE_FLOAT, default=5e-4)
-    comp.add_argument(
-        "--gt-weight", type=NON_NEGATIVE_FLOAT, default=0.0, help="weight of the plain denoising loss"
-    )
+    comp.add_argument("--gt-weight", type=NON_NEGATIVE_FLOAT, default=0.0, help="weight of the plain denoising loss")
     comp.add_argument("--no-resume", action="store_true")
     comp.set_defaults(func=cmd_compress)
 
@@ -304,9 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job: reference model, baseline vs accelerated")
     demo.add_argument("--out", default="out/demo")
     demo.add_argument("--runs", type=POSITIVE, default=1, help="timed calls per config")
-    demo.add_argument(
-        "--images", type=POSITIVE, default=None, help="images per call (default 500; --quick: 100)"
-    )
+    demo.add_argument("--images", type=POSITIVE, default=None, help="images per call (default 500; --quick: 100)")
     demo.add_argument(
         "--threads",
         type=POSITIVE,

@@ -32,9 +32,7 @@ def resolve_model(model: str, size: str = "bench") -> Path:
     from fastdiff import zoo
 
     if model not in zoo.available():
-        raise SystemExit(
-            f"error: {model!r} is neither a directory nor a zoo model ({', '.join(zoo.available())})"
-        )
+        raise SystemExit(f"error: {model!r} is neither a directory nor a zoo model ({', '.join(zoo.available())})")
     target = cache_dir() / f"{model}-{size}"
     from fastdiff.zoo.shipped import install, is_installed, shipped_models
 

@@ -41,8 +41,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=POSITIVE, default=None, help="images per seed (default: the bench batch)")
     p.add_argument("--max-evals", type=POSITIVE, default=1500, help="objective evaluations; default 1500")
     p.add_argument("--starts", type=POSITIVE, default=3, help="searches from the best N standard spacings")
-    p.add_argument("--pin-first", action="store_true",
-                   help="keep the first timestep at T-1 (default: the search may start lower)")  # fmt: skip
+    p.add_argument(
+        "--pin-first", action="store_true", help="keep the first timestep at T-1 (default: the search may start lower)"
+    )
     p.add_argument(
         "--reference-steps",
         type=POSITIVE,

@@ -33,25 +33,30 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
     p.add_argument(
-        "--profile", action="append", default=[], metavar="NAME=SPECS", type=named_specs,
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME=SPECS",
+        type=named_specs,
         help="a named accelerator set clients choose by name (repeatable; the first is the default)",
-    )  # fmt: skip
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=IntRange(0, 65535), default=8000)
     p.add_argument("--max-batch", type=POSITIVE, default=8, help="images per pipeline call")
     p.add_argument(
-        "--max-wait-ms", type=NON_NEGATIVE_FLOAT, default=None,
+        "--max-wait-ms",
+        type=NON_NEGATIVE_FLOAT,
+        default=None,
         help="how long a batch waits to fill (default 20; 0 with --exact-seeds, where no batch can fill)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--exact-seeds", action="store_true",
+        "--exact-seeds",
+        action="store_true",
         help="run every request in a pipeline call of its own: its images are bit-identical whatever else is "
         "queued, at the cost of batching (docs/serving.md, 'Reproducible by seed')",
-    )  # fmt: skip
-    p.add_argument("--max-queue", type=POSITIVE, default=64, help="waiting requests before 429")
-    p.add_argument(
-        "--timeout-s", type=POSITIVE_FLOAT, default=120.0, help="504 past this, and the work is dropped"
     )
+    p.add_argument("--max-queue", type=POSITIVE, default=64, help="waiting requests before 429")
+    p.add_argument("--timeout-s", type=POSITIVE_FLOAT, default=120.0, help="504 past this, and the work is dropped")
     p.add_argument("--token-file", type=existing_file, help="file holding the bearer token clients must send")
     p.add_argument("--max-steps", type=POSITIVE, default=200)
     p.add_argument("--max-count", type=POSITIVE, default=8, help="images per request")
@@ -100,17 +105,28 @@ def run(args) -> None:
     limits = Limits(max_steps=args.max_steps, max_count=args.max_count, max_side=args.max_side)
     max_wait_ms = args.max_wait_ms if args.max_wait_ms is not None else (0.0 if args.exact_seeds else 20.0)
     config = ServeConfig(
-        max_batch=args.max_batch, max_wait_ms=max_wait_ms, max_queue=args.max_queue,
-        timeout_s=args.timeout_s, token=read_token(args.token_file), limits=limits,
-    )  # fmt: skip
+        max_batch=args.max_batch,
+        max_wait_ms=max_wait_ms,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout_s,
+        token=read_token(args.token_file),
+        limits=limits,
+    )
     model_dir = resolve_model(args.model, args.size)
     if args.ray:
         from fastdiff.serving.ray_app import run_ray
 
         run_ray(
-            model_dir, profiles, config, replicas=args.replicas, host=args.host, port=args.port,
-            temp_dir=args.ray_dir, threads=args.threads, exact_seeds=args.exact_seeds,
-        )  # fmt: skip
+            model_dir,
+            profiles,
+            config,
+            replicas=args.replicas,
+            host=args.host,
+            port=args.port,
+            temp_dir=args.ray_dir,
+            threads=args.threads,
+            exact_seeds=args.exact_seeds,
+        )
         return
     import torch
 

@@ -28,9 +28,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         type=accel_specs,
         help="accelerator specs, e.g. 'scheduler(name=dpm++2m,steps=20)'",
     )
-    p.add_argument(
-        "--batch", type=POSITIVE, default=1, help="images per call (a static shape: every call the same)"
-    )
+    p.add_argument("--batch", type=POSITIVE, default=1, help="images per call (a static shape: every call the same)")
     p.add_argument(
         "--steps",
         type=POSITIVE,
@@ -41,9 +39,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=POSITIVE, default=1, help="untimed calls first (XLA compiles in them)")
     p.add_argument("--runs", type=POSITIVE, default=3, help="timed calls")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    p.add_argument(
-        "--device", default="xla", help="'xla' (default), 'xla:N', or 'cpu' for the same calls eagerly"
-    )
+    p.add_argument("--device", default="xla", help="'xla' (default), 'xla:N', or 'cpu' for the same calls eagerly")
     p.add_argument("--out", help="directory for the last call's PNGs and metrics.json")
     p.set_defaults(func=run)
     return p
@@ -61,10 +57,17 @@ def run(args) -> dict:
             raise SystemExit(f"error: --{name} must be a positive integer, got {value}")
     try:
         result = tpu_infer(
-            resolve_model(args.model, args.size), args.accel, batch=args.batch, steps=args.steps,
-            bf16=args.bf16, warmup=args.warmup, runs=args.runs, seed=args.seed, guidance=args.guidance,
+            resolve_model(args.model, args.size),
+            args.accel,
+            batch=args.batch,
+            steps=args.steps,
+            bf16=args.bf16,
+            warmup=args.warmup,
+            runs=args.runs,
+            seed=args.seed,
+            guidance=args.guidance,
             device=args.device,
-        )  # fmt: skip
+        )
     except (AcceleratorError, ImportError) as error:
         raise SystemExit(f"error: {error}") from error
     print(report(result))

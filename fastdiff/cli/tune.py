@@ -29,33 +29,49 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("tune", help="find the fastest accelerator setting within a quality budget")
     p.add_argument("model", help="pipeline directory or zoo name (built into the cache)")
     p.add_argument("--size", default="bench", choices=["test", "bench"], help="zoo size when MODEL is a name")
-    p.add_argument("--budget", action="append", required=True,
-                   help="e.g. 'accuracy>=-1 point', 'accuracy>=-0.01', 'fd<=1.2x', 'psnr>=35'; repeat: all must hold")  # fmt: skip
+    p.add_argument(
+        "--budget",
+        action="append",
+        required=True,
+        help="e.g. 'accuracy>=-1 point', 'accuracy>=-0.01', 'fd<=1.2x', 'psnr>=35'; repeat: all must hold",
+    )
     p.add_argument(
         "--space",
         type=existing_file,
         help="search space YAML (default: the model family's; see --print-space)",
     )
-    p.add_argument("--baseline", help="budgets are relative to this config: specs or 'SAMPLER STEPS' (default dpm++2m 20)")  # fmt: skip
+    p.add_argument(
+        "--baseline", help="budgets are relative to this config: specs or 'SAMPLER STEPS' (default dpm++2m 20)"
+    )
     p.add_argument("--time-limit", type=POSITIVE_FLOAT, help="minutes; no new measurement starts after it")
     p.add_argument("--out", help="write the result JSON here (best, frontier, every measurement)")
     p.add_argument("--cache", help="measurement cache directory (default $FASTDIFF_CACHE/tune)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again, keep nothing")
     p.add_argument("--guidance", type=FINITE, help="guidance scale of every call (default: the pipeline's)")
+    p.add_argument("--steps", type=POSITIVE, default=20, help="steps for specs that do not set them (as bench)")
     p.add_argument(
-        "--steps", type=POSITIVE, default=20, help="steps for specs that do not set them (as bench)"
+        "--seed",
+        type=NON_NEGATIVE,
+        default=0,
+        help="selection seed: every search measurement and the pick (default 0)",
     )
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0,
-                   help="selection seed: every search measurement and the pick (default 0)")  # fmt: skip
-    p.add_argument("--report-seed", type=NON_NEGATIVE, default=1,
-                   help="the baseline, the pick and the frontier are measured again on this seed and reported "
-                   "(default 1; must differ from --seed)")  # fmt: skip
+    p.add_argument(
+        "--report-seed",
+        type=NON_NEGATIVE,
+        default=1,
+        help="the baseline, the pick and the frontier are measured again on this seed and reported "
+        "(default 1; must differ from --seed)",
+    )
     p.add_argument("--threads", type=POSITIVE, default=1, help="torch threads (default 1)")
+    p.add_argument("--timing", default="cpu", choices=["cpu", "wall"], help="speed figure (default: CPU time)")
     p.add_argument(
-        "--timing", default="cpu", choices=["cpu", "wall"], help="speed figure (default: CPU time)"
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=SPECS",
+        type=named_specs,
+        help="after the search, re-time the baseline, these configs and the best side by side (one bench run, on the report seed)",
     )
-    p.add_argument("--compare", action="append", default=[], metavar="NAME=SPECS", type=named_specs,
-                   help="after the search, re-time the baseline, these configs and the best side by side (one bench run, on the report seed)")  # fmt: skip
     p.add_argument("--compare-runs", type=POSITIVE, default=1, help="timed runs of the side-by-side bench")
     p.add_argument("--print-space", action="store_true", help="print the search space as YAML and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -84,19 +100,26 @@ def run(args) -> dict:
         if space is None:
             from fastdiff import FastPipeline
 
-            space = load_space(
-                default_space(family_of(FastPipeline.from_pretrained(model).pipe)), args.baseline
-            )
+            space = load_space(default_space(family_of(FastPipeline.from_pretrained(model).pipe)), args.baseline)
         print(yaml.safe_dump(space.to_dict(), sort_keys=False), end="")
         return space.to_dict()
     if not args.out:
         raise SystemExit("error: give --out FILE for the result (or --print-space)")
     result = tune(
-        model, budgets, space=space, baseline=args.baseline, time_limit=args.time_limit,
+        model,
+        budgets,
+        space=space,
+        baseline=args.baseline,
+        time_limit=args.time_limit,
         cache_dir=None if args.no_cache else Path(args.cache) if args.cache else cache_dir() / "tune",
-        guidance=args.guidance, seed=args.seed, report_seed=args.report_seed, threads=args.threads,
-        steps=args.steps, timing=args.timing, progress=not args.quiet,
-    )  # fmt: skip
+        guidance=args.guidance,
+        seed=args.seed,
+        report_seed=args.report_seed,
+        threads=args.threads,
+        steps=args.steps,
+        timing=args.timing,
+        progress=not args.quiet,
+    )
     result["command"] = (
         "fastdiff " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["tune"] else None
     )
@@ -109,15 +132,23 @@ def run(args) -> dict:
         )
     if compare:
         configs = [("baseline", result["baseline"]["spec"]), *compare, ("best", best["spec"])]
-        bench = side_by_side(model, configs, images=result["settings"]["images"], guidance=args.guidance,
-                             runs=args.compare_runs, seed=args.report_seed, threads=args.threads, steps=args.steps)  # fmt: skip
+        bench = side_by_side(
+            model,
+            configs,
+            images=result["settings"]["images"],
+            guidance=args.guidance,
+            runs=args.compare_runs,
+            seed=args.report_seed,
+            threads=args.threads,
+            steps=args.steps,
+        )
         rows = {row["name"]: row for row in bench["configs"]}
         result["side_by_side"] = {
             "seed": args.report_seed,
             "configs": bench["configs"],
             "best_speedup_cpu": {n: rows[n]["cpu_seconds_median"] / rows["best"]["cpu_seconds_median"] for n in rows},
             "best_speedup_wall": {n: rows[n]["seconds_median"] / rows["best"]["seconds_median"] for n in rows},
-        }  # fmt: skip
+        }
     _write(args.out, result)
     print(format_result(result))
     print(
@@ -141,9 +172,11 @@ def format_result(result: dict) -> str:
     ]
     for name, figures in (("selection", sel), ("report", rep)):
         row = figures["best"]
-        lines.append(f"  {name:9s} seed {figures['seed']}: " + (
-            f"error {row['error']}" if "error" in row else f"speedup {row['speedup']:.2f}x  " + _quality(row)
-        ) + f"  (baseline {_quality(figures['baseline'])})")  # fmt: skip
+        lines.append(
+            f"  {name:9s} seed {figures['seed']}: "
+            + (f"error {row['error']}" if "error" in row else f"speedup {row['speedup']:.2f}x  " + _quality(row))
+            + f"  (baseline {_quality(figures['baseline'])})"
+        )
     for budget in result["budgets"]:
         verdict = [_verdict(f["best"]["verdicts"][budget]) for f in (sel, rep)]
         lines.append(f"  {budget}: selection {verdict[0]}, report {verdict[1]}")
@@ -155,10 +188,17 @@ def format_result(result: dict) -> str:
     lines.append("frontier (fastest first on the selection seed; * within budget): selection | report")
     for row in result["frontier"]:
         again = report_rows.get(row["spec"])
-        lines.append(f" {_mark(row)} {row['speedup']:6.2f}x  {_quality(row):40s} | " + (
-            "not re-measured (time limit)" if again is None else f"error {again['error']}" if "error" in again
-            else f"{_mark(again)} {again['speedup']:6.2f}x  {_quality(again):40s}"
-        ) + f" {row['spec']}")  # fmt: skip
+        lines.append(
+            f" {_mark(row)} {row['speedup']:6.2f}x  {_quality(row):40s} | "
+            + (
+                "not re-measured (time limit)"
+                if again is None
+                else f"error {again['error']}"
+                if "error" in again
+                else f"{_mark(again)} {again['speedup']:6.2f}x  {_quality(again):40s}"
+            )
+            + f" {row['spec']}"
+        )
     if "side_by_side" in result:
         speedups = result["side_by_side"]["best_speedup_cpu"]
         lines.append(

@@ -52,8 +52,9 @@ def count_params_macs(module: nn.Module, inputs: dict) -> tuple[int, int]:
 def sized_handle(restore, module: nn.Module, inputs: dict, before: tuple[int, int], **info) -> Handle:
     """A Handle that reports ``params_before/after`` and ``macs_before/after`` (``before``: counted earlier)."""
     params, macs = count_params_macs(module, inputs)
-    return Handle(restore, params_before=before[0], params_after=params, macs_before=before[1], macs_after=macs,
-                  **info)  # fmt: skip
+    return Handle(
+        restore, params_before=before[0], params_after=params, macs_before=before[1], macs_after=macs, **info
+    )
 
 
 def refuse_hooked_blocks(den, accelerator: str) -> None:
@@ -98,9 +99,7 @@ class PruningCopies:
                 for key, t in store.items():
                     if t is not None and id(t) in self.shared:
                         own = t.detach().clone()
-                        store[key] = (
-                            nn.Parameter(own, t.requires_grad) if isinstance(t, nn.Parameter) else own
-                        )
+                        store[key] = nn.Parameter(own, t.requires_grad) if isinstance(t, nn.Parameter) else own
         self._reset_originals()
 
     def restore(self) -> None:

@@ -109,9 +109,7 @@ class Compile(Accelerator):
         denoiser_facts(denoiser, "compile")
         units = compile_units(denoiser)
         if not units:
-            raise AcceleratorError(
-                f"compile: found no hook-free submodule with weights in {type(denoiser).__name__}"
-            )
+            raise AcceleratorError(f"compile: found no hook-free submodule with weights in {type(denoiser).__name__}")
         options = {"mode": self.mode} if self.backend == "inductor" else {}
         by_function: dict = {}
         with all_or_nothing() as handles:

@@ -80,9 +80,7 @@ def choose_rank(s: torch.Tensor, energy: float, rank: int | None) -> int:
     if rank is not None:
         return min(rank, len(s))
     kept = torch.cumsum(s.double() ** 2, 0) / (s.double() ** 2).sum()
-    return (
-        int(torch.searchsorted(kept, torch.tensor(energy, dtype=kept.dtype, device=kept.device)).item()) + 1
-    )
+    return int(torch.searchsorted(kept, torch.tensor(energy, dtype=kept.dtype, device=kept.device)).item()) + 1
 
 
 class LowRankSplit(nn.Sequential):
@@ -145,8 +143,9 @@ def factorize(m: nn.Module, r: int, svd=None) -> LowRankSplit:
         first = nn.Linear(m.in_features, r, bias=False)
         second = nn.Linear(r, m.out_features, bias=m.bias is not None)
     else:
-        first = nn.Conv2d(m.in_channels, r, m.kernel_size, m.stride, m.padding, m.dilation, bias=False,
-                          padding_mode=m.padding_mode)  # fmt: skip
+        first = nn.Conv2d(
+            m.in_channels, r, m.kernel_size, m.stride, m.padding, m.dilation, bias=False, padding_mode=m.padding_mode
+        )
         second = nn.Conv2d(r, m.out_channels, 1, bias=m.bias is not None)
     with torch.no_grad():
         first.weight.copy_(a.reshape(first.weight.shape))
@@ -204,9 +203,7 @@ class LowRank(Accelerator):
             if not path.is_absolute() and not path.exists():
                 path = Path(getattr(den.config, "_name_or_path", "") or ".") / path
             if not path.is_file():
-                raise AcceleratorError(
-                    f"lowrank: ranks_file {self.ranks_file!r} not found (looked at {path})"
-                )
+                raise AcceleratorError(f"lowrank: ranks_file {self.ranks_file!r} not found (looked at {path})")
             wanted = json.loads(path.read_text())
             missing = [n for n in wanted if layer_kind(modules.get(n)) is None]
             if missing:
@@ -264,9 +261,16 @@ def merge_factors(den) -> int:
         if isinstance(first, nn.Linear):
             dense = nn.Linear(first.in_features, second.out_features, bias=second.bias is not None)
         else:
-            dense = nn.Conv2d(first.in_channels, second.out_channels, first.kernel_size, first.stride,
-                              first.padding, first.dilation, bias=second.bias is not None,
-                              padding_mode=first.padding_mode)  # fmt: skip
+            dense = nn.Conv2d(
+                first.in_channels,
+                second.out_channels,
+                first.kernel_size,
+                first.stride,
+                first.padding,
+                first.dilation,
+                bias=second.bias is not None,
+                padding_mode=first.padding_mode,
+            )
         with torch.no_grad():
             dense.weight.copy_((b @ a).reshape(dense.weight.shape))
             if second.bias is not None:

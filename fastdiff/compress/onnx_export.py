@@ -78,9 +78,7 @@ def _export_and_check(module, flat, path: Path, opset: int, batches: tuple[int, 
     names = list(flat)
     module = module.eval()
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", torch.jit.TracerWarning
-        )  # shape checks traced as constants: batch-free
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks traced as constants: batch-free
         torch.onnx.export(
             module,
             tuple(flat.values()),
@@ -105,9 +103,7 @@ def _export_and_check(module, flat, path: Path, opset: int, batches: tuple[int, 
     return {"path": str(path), "inputs": names, "max_abs_error": errors}
 
 
-def export_onnx(
-    model_dir, out_dir, vae: bool = False, opset: int = 17, batches: tuple[int, int] = (2, 5)
-) -> dict:
+def export_onnx(model_dir, out_dir, vae: bool = False, opset: int = 17, batches: tuple[int, int] = (2, 5)) -> dict:
     """Export ``model_dir``'s denoiser (and VAE decoder if ``vae``) to ``out_dir``; return max abs errors."""
     from fastdiff.compress.recover import capture_inputs, sample_key
     from fastdiff.core.pipeline import FastPipeline
@@ -129,14 +125,13 @@ def export_onnx(
     sample = flat[sample_key(inputs)]
     flat["timestep"] = flat["timestep"].reshape(-1).expand(sample.shape[0]).clone()
     report = {"model": str(model_dir), "opset": opset, "torch": torch.__version__}
-    report["denoiser"] = _export_and_check(
-        _Flat(denoiser, list(flat)), flat, out / "denoiser.onnx", opset, batches
-    )
+    report["denoiser"] = _export_and_check(_Flat(denoiser, list(flat)), flat, out / "denoiser.onnx", opset, batches)
     if vae:
         decoder = pipe.vae
         latents = torch.randn(1, *sample.shape[1:], generator=torch.Generator().manual_seed(0))
         latents = latents[:, : decoder.config.latent_channels]
-        report["vae_decoder"] = _export_and_check(_Decode(decoder), {"latents": latents}, out / "vae_decoder.onnx",
-                                                  opset, batches)  # fmt: skip
+        report["vae_decoder"] = _export_and_check(
+            _Decode(decoder), {"latents": latents}, out / "vae_decoder.onnx", opset, batches
+        )
     (out / "onnx_report.json").write_text(json.dumps(report, indent=2))
     return report

@@ -131,9 +131,13 @@ class Prune(Accelerator):
             den.zero_grad(set_to_none=True)
             copies.finish()
             handle = sized_handle(  # runs the pruned UNet once: a ratio it cannot run at fails here
-                restore, den, inputs, before,
-                block_out_channels=tuple(new_config["block_out_channels"]), config_exact=problem is None,
-            )  # fmt: skip
+                restore,
+                den,
+                inputs,
+                before,
+                block_out_channels=tuple(new_config["block_out_channels"]),
+                config_exact=problem is None,
+            )
         except (RuntimeError, ZeroDivisionError, IndexError) as error:  # channel counts it cannot take
             restore()
             raise AcceleratorError(
@@ -145,16 +149,16 @@ class Prune(Accelerator):
             restore()
             raise
         if problem:
-            warnings.warn(
-                f"prune: the pruned UNet differs from what its config rebuilds ({problem})", stacklevel=3
-            )
+            warnings.warn(f"prune: the pruned UNet differs from what its config rebuilds ({problem})", stacklevel=3)
         return handle
 
 
 # Inputs through which other models (ControlNet, T2I-Adapter) add features of the UNet's own widths.
 RESIDUAL_INPUTS = (
-    "down_block_additional_residuals", "mid_block_additional_residual", "down_intrablock_additional_residuals",
-)  # fmt: skip
+    "down_block_additional_residuals",
+    "mid_block_additional_residual",
+    "down_intrablock_additional_residuals",
+)
 
 
 def _forward(model, inputs):
@@ -266,11 +270,7 @@ def _paired_projections(den) -> dict:
     for m in den.modules():
         if type(m).__name__ == "GEGLU":
             out[m.proj] = 2
-        if (
-            isinstance(m, ResnetBlock2D)
-            and m.time_emb_proj is not None
-            and m.time_embedding_norm == "scale_shift"
-        ):
+        if isinstance(m, ResnetBlock2D) and m.time_emb_proj is not None and m.time_embedding_norm == "scale_shift":
             out[m.time_emb_proj] = 2
     return out
 

@@ -90,9 +90,7 @@ def quantizable_linears(denoiser: torch.nn.Module) -> list[tuple[str, torch.nn.L
     return [
         (name, m)
         for name, m in denoiser.named_modules()
-        if isinstance(m, torch.nn.Linear)
-        and type(m.weight) is torch.nn.Parameter
-        and m.weight.is_floating_point()
+        if isinstance(m, torch.nn.Linear) and type(m.weight) is torch.nn.Parameter and m.weight.is_floating_point()
     ]
 
 
@@ -116,9 +114,7 @@ class Quantize(Accelerator):
 
     def validate(self) -> None:
         if self.mode != "int8-static" and (self.calibration_batch, self.calibration_steps) != (16, 20):
-            raise AcceleratorError(
-                "quantize: calibration_batch/calibration_steps apply to mode=int8-static only"
-            )
+            raise AcceleratorError("quantize: calibration_batch/calibration_steps apply to mode=int8-static only")
 
     def apply(self, fp: FastPipeline) -> Handle:
         from torchao.quantization import quantize_

@@ -53,18 +53,14 @@ def check_device(denoiser: torch.nn.Module) -> None:
             f"quantize(mode=int8-static) needs an x86 CPU (X86InductorQuantizer); this is {platform.machine()}"
         )
     if weight.dtype != torch.float32:
-        raise AcceleratorError(
-            f"quantize(mode=int8-static) needs float32 weights, the denoiser has {weight.dtype}"
-        )
+        raise AcceleratorError(f"quantize(mode=int8-static) needs float32 weights, the denoiser has {weight.dtype}")
 
 
 def batch_range(batch: int) -> tuple[int, int]:
     for low, high in BATCH_RANGES:
         if low <= batch <= high:
             return low, high
-    raise AcceleratorError(
-        f"quantize(mode=int8-static): batch {batch} is above the supported {BATCH_RANGES[-1][1]}"
-    )
+    raise AcceleratorError(f"quantize(mode=int8-static): batch {batch} is above the supported {BATCH_RANGES[-1][1]}")
 
 
 @functools.cache
@@ -89,15 +85,11 @@ def _positional(module: torch.nn.Module, args, kwargs) -> tuple:
     for name, param in list(signature.parameters.items())[1:]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             if bound.arguments.get(name):
-                raise AcceleratorError(
-                    f"quantize(mode=int8-static): {type(module).__name__} got extra {name}"
-                )
+                raise AcceleratorError(f"quantize(mode=int8-static): {type(module).__name__} got extra {name}")
         elif param.kind == param.POSITIONAL_OR_KEYWORD:
             out.append(bound.arguments.get(name, param.default))
         elif name in bound.arguments:
-            raise AcceleratorError(
-                f"quantize(mode=int8-static): keyword-only {name} of {type(module).__name__}"
-            )
+            raise AcceleratorError(f"quantize(mode=int8-static): keyword-only {name} of {type(module).__name__}")
     return tuple(out)
 
 
@@ -113,15 +105,11 @@ class _ClassForward(torch.nn.Module):
 
 
 def _clone(value):
-    return torch.utils._pytree.tree_map(
-        lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value
-    )
+    return torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
 
 
 def _batch_of(named: tuple) -> int:
-    tensors = [
-        x for x in torch.utils._pytree.tree_leaves(named) if isinstance(x, torch.Tensor) and x.dim() > 0
-    ]
+    tensors = [x for x in torch.utils._pytree.tree_leaves(named) if isinstance(x, torch.Tensor) and x.dim() > 0]
     return tensors[0].shape[0]
 
 
@@ -248,8 +236,12 @@ def apply_static(fp, calibration_batch: int, calibration_steps: int):
     bar_config = getattr(fp.pipe, "_progress_bar_config", None)
     fp.pipe.set_progress_bar_config(disable=True)
     try:
-        fp(**make_inputs(fp.pipe, calibration_batch), num_inference_steps=calibration_steps,
-           output_type="np", generator=torch.Generator().manual_seed(0))  # fmt: skip
+        fp(
+            **make_inputs(fp.pipe, calibration_batch),
+            num_inference_steps=calibration_steps,
+            output_type="np",
+            generator=torch.Generator().manual_seed(0),
+        )
     finally:
         HandleGroup(captures).remove()
         if bar_config is None:
@@ -264,7 +256,5 @@ def apply_static(fp, calibration_batch: int, calibration_steps: int):
             state.calibrate()
             handles.append(install_hook(module, _StaticHook(state, name), HOOK_NAME))
     if not handles:
-        raise AcceleratorError(
-            "quantize(mode=int8-static): the calibration call ran none of the denoiser's blocks"
-        )
+        raise AcceleratorError("quantize(mode=int8-static): the calibration call ran none of the denoiser's blocks")
     return HandleGroup(handles), [name for name, _ in units if states[name].observers is not None]

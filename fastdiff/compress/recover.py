@@ -111,9 +111,22 @@ def recover(
             loss = loss + gt_weight * torch.nn.functional.mse_loss(got[:, : target.shape[1]], target)
         return loss
 
-    return train(student_fp.denoiser, loss_fn, steps, lr=lr, out_dir=out_dir, resume=resume, save_every=save_every,
-                 seed=seed, progress=progress, stop_after=stop_after, frozen=(teacher_model,),
-                 checkpoint=CHECKPOINT, log_name="recover-loss.csv", desc="recover")  # fmt: skip
+    return train(
+        student_fp.denoiser,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out_dir,
+        resume=resume,
+        save_every=save_every,
+        seed=seed,
+        progress=progress,
+        stop_after=stop_after,
+        frozen=(teacher_model,),
+        checkpoint=CHECKPOINT,
+        log_name="recover-loss.csv",
+        desc="recover",
+    )
 
 
 def compress_model(
@@ -146,9 +159,7 @@ def compress_model(
     configs = parse(specs)
     wrong = [str(c) for c in configs if c.kind != "compress"]
     if wrong or not configs:
-        raise AcceleratorError(
-            f"compress_model takes weight-changing (compress) accelerators, got {wrong or specs!r}"
-        )
+        raise AcceleratorError(f"compress_model takes weight-changing (compress) accelerators, got {wrong or specs!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     teacher = FastPipeline.from_pretrained(model_dir)
@@ -156,18 +167,18 @@ def compress_model(
     for fp in (teacher, student):
         fp.pipe.set_progress_bar_config(disable=True)
     group = student.accelerate(*configs)
-    applied = {
-        str(c): {k: v for k, v in h.info.items() if k != "ranks"} for c, h in zip(configs, group.handles)
-    }
+    applied = {str(c): {k: v for k, v in h.info.items() if k != "ranks"} for c, h in zip(configs, group.handles)}
     den = student.denoiser
     pruned_unet = any(c.rebuilt_from_config for c in configs) and not transformer_blocks(den)
     if pruned_unet and (problem := config_mismatch(den)):
-        raise AcceleratorError(f"{specs}: diffusers cannot rebuild the pruned UNet from its config ({problem}); "
-                               "try ratio=0.5")  # fmt: skip
+        raise AcceleratorError(
+            f"{specs}: diffusers cannot rebuild the pruned UNet from its config ({problem}); try ratio=0.5"
+        )
     if isinstance(data, str) and data == "auto":
         data = training_data(model_dir)
-    result = recover(student, teacher, data, recover_steps, lr, batch, out, resume, gt_weight, seed=seed,
-                     progress=progress)  # fmt: skip
+    result = recover(
+        student, teacher, data, recover_steps, lr, batch, out, resume, gt_weight, seed=seed, progress=progress
+    )
     make_permanent(den)
     ranks = factored_ranks(den)
     load_specs = ""
@@ -177,13 +188,17 @@ def compress_model(
         merge_factors(den)
     student.pipe.save_pretrained(out, safe_serialization=True)
     structure = write_structure(student, out)  # a pruned DiT's per-block widths (else removes a stale file)
-    if (
-        Path(model_dir) / "eval"
-    ).is_dir():  # the digits reference's classifier and split: bench evaluates here too
+    if (Path(model_dir) / "eval").is_dir():  # the digits reference's classifier and split: bench evaluates here too
         shutil.copytree(Path(model_dir) / "eval", out / "eval", dirs_exist_ok=True)
-    report = {"source": str(model_dir), "specs": ";".join(map(str, configs)), "load_accelerators": load_specs,
-              "load_structure": structure or "", "applied": applied, "recover": result,
-              "data": "training split" if data is not None else "random"}  # fmt: skip
+    report = {
+        "source": str(model_dir),
+        "specs": ";".join(map(str, configs)),
+        "load_accelerators": load_specs,
+        "load_structure": structure or "",
+        "applied": applied,
+        "recover": result,
+        "data": "training split" if data is not None else "random",
+    }
     (out / MANIFEST).write_text(json.dumps(report, indent=2, default=str))
     (out / CHECKPOINT).unlink(missing_ok=True)
     return report

@@ -127,9 +127,7 @@ class Sparsity(Accelerator):
 
     def validate(self) -> None:
         if self.pattern == "2:4" and self.amount != 0.5:
-            raise AcceleratorError(
-                f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}"
-            )
+            raise AcceleratorError(f"sparsity: pattern 2:4 zeroes exactly half; amount must be 0.5, got {self.amount}")
 
     def apply(self, fp: FastPipeline) -> Handle:
         den = fp.denoiser

@@ -291,9 +291,7 @@ class ToMe(Accelerator):
 
     def validate(self) -> None:
         if self.sx * self.sy < 2:
-            raise AcceleratorError(
-                f"tome: sx and sy must be >= 1 with sx*sy >= 2, got sx={self.sx}, sy={self.sy}"
-            )
+            raise AcceleratorError(f"tome: sx and sy must be >= 1 with sx*sy >= 2, got sx={self.sx}, sy={self.sy}")
         limit = 1 - 1 / (self.sx * self.sy)
         if not 0 < self.ratio <= limit:
             raise AcceleratorError(
@@ -340,9 +338,7 @@ class ToMe(Accelerator):
                     f"tome: merge_cross/merge_mlp need transformer blocks; {name} is a plain Attention layer"
                 )
             if module.spatial_norm is not None:
-                raise AcceleratorError(
-                    f"tome: {name} has a spatial norm, which token merging does not support"
-                )
+                raise AcceleratorError(f"tome: {name} has a spatial norm, which token merging does not support")
             hook = _ResidualAttentionHook(state)
             handles = [install_hook(module, hook, "fastdiff.tome", state.context)]
             if module.group_norm is not None:

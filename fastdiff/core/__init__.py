@@ -9,6 +9,18 @@ from fastdiff.core.registry import Accelerator, AcceleratorError, available, reg
 from fastdiff.core.spec import parse
 
 __all__ = [
-    "Accelerator", "AcceleratorError", "FastPipeline", "Handle", "HandleGroup", "NonFiniteOutputError",
-    "StepContext", "UnsupportedModelError", "available", "install_hook", "load_pipeline", "parse", "pipeline_facts", "register",
-]  # fmt: skip
+    "Accelerator",
+    "AcceleratorError",
+    "FastPipeline",
+    "Handle",
+    "HandleGroup",
+    "NonFiniteOutputError",
+    "StepContext",
+    "UnsupportedModelError",
+    "available",
+    "install_hook",
+    "load_pipeline",
+    "parse",
+    "pipeline_facts",
+    "register",
+]

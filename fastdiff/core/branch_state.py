@@ -72,17 +72,11 @@ class BranchStore:
         """Store ``value`` (its batch holds ``branches`` in order) at ``step``, replacing a value of the same or a
         later step (a repeated call) and dropping points older than ``since``; ``copy``: keep a detached copy."""
         if copy:
-            value = (
-                value.detach().clone()
-                if isinstance(value, torch.Tensor)
-                else [t.detach().clone() for t in value]
-            )
+            value = value.detach().clone() if isinstance(value, torch.Tensor) else [t.detach().clone() for t in value]
         self._whole = (branches, step, value)
         parts = len(branches)
         for index, branch in enumerate(branches):
-            kept = [
-                p for p in self._points.get(branch, ()) if p[0] < step and (since is None or p[0] >= since)
-            ]
+            kept = [p for p in self._points.get(branch, ()) if p[0] < step and (since is None or p[0] >= since)]
             kept.append((step, _Part(value, index, parts)))
             self._points[branch] = kept[-self.keep :]
 

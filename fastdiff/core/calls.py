@@ -67,19 +67,23 @@ def check_steps(scheduler, steps, limits=()) -> None:
         raise CallArgumentError("num_inference_steps", steps, "a positive integer")
     if steps < 2 and scheduler.config.get("shift_terminal"):
         raise CallArgumentError(
-            "num_inference_steps", steps, f"at least 2 with this {type(scheduler).__name__}: stretching one "
+            "num_inference_steps",
+            steps,
+            f"at least 2 with this {type(scheduler).__name__}: stretching one "
             f"sigma to shift_terminal={scheduler.config.get('shift_terminal')} divides by zero (NaN images)",
-        )  # fmt: skip
+        )
     for step_limit in limits:
         if (problem := step_limit.problem(steps)) is not None:
             raise CallArgumentError("num_inference_steps", steps, problem)
     limit = max_steps(scheduler)
     if limit is not None and steps > limit:
         raise CallArgumentError(
-            "num_inference_steps", steps, f"at most {limit} with this {type(scheduler).__name__} "
+            "num_inference_steps",
+            steps,
+            f"at most {limit} with this {type(scheduler).__name__} "
             f"({scheduler.config.get('num_train_timesteps')} training steps, "
             f"{scheduler.config.get('timestep_spacing', 'its')} spacing)",
-        )  # fmt: skip
+        )
 
 
 def check_size(key: str, size, factor: int) -> None:
@@ -95,11 +99,12 @@ def check_ignored_guidance(guidance, default, denoiser, flag: str) -> None:
     if getattr(denoiser.config, flag, True):
         return
     raise CallArgumentError(
-        "guidance_scale", guidance,
+        "guidance_scale",
+        guidance,
         f"at most 1, unset or the pipeline default ({default}): this {type(denoiser).__name__} has "
         f"{flag}=False (not guidance-distilled, like FLUX.1-schnell) and ignores guidance_scale; for "
         "classifier-free guidance give true_cfg_scale > 1 with a negative_prompt",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -147,9 +152,7 @@ def check_call_values(kwargs: dict, batch: int | None) -> None:
     ):
         raise CallArgumentError("guidance_scale", guidance, "a finite number")
     per_prompt = kwargs.get("num_images_per_prompt")
-    if per_prompt is not None and (
-        isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1
-    ):
+    if per_prompt is not None and (isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1):
         raise CallArgumentError("num_images_per_prompt", per_prompt, "a positive integer")
     output_type = kwargs.get("output_type")
     if output_type is not None and output_type not in OUTPUT_TYPES:

@@ -55,17 +55,46 @@ _SD3_UNITS = (
     "norm_out",
     "proj_out",
 )
-_FLUX_UNITS = ("x_embedder", "time_text_embed", "context_embedder", "transformer_blocks.*",
-               "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
-_FLUX2_UNITS = ("x_embedder", "context_embedder", "time_guidance_embed", "double_stream_modulation_img",
-                "double_stream_modulation_txt", "single_stream_modulation", "transformer_blocks.*",
-                "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
-_QWEN_IMAGE_UNITS = ("img_in", "txt_norm", "txt_in", "time_text_embed", "transformer_blocks.*", "norm_out",
-                     "proj_out")  # fmt: skip
-_ZIMAGE_UNITS = ("all_x_embedder.*", "t_embedder", "cap_embedder", "noise_refiner.*", "context_refiner.*", "layers.*",
-                 "all_final_layer.*")  # fmt: skip
-_SANA_UNITS = ("patch_embed", "time_embed", "caption_projection", "caption_norm", "transformer_blocks.*", "norm_out",
-               "proj_out")  # fmt: skip
+_FLUX_UNITS = (
+    "x_embedder",
+    "time_text_embed",
+    "context_embedder",
+    "transformer_blocks.*",
+    "single_transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
+_FLUX2_UNITS = (
+    "x_embedder",
+    "context_embedder",
+    "time_guidance_embed",
+    "double_stream_modulation_img",
+    "double_stream_modulation_txt",
+    "single_stream_modulation",
+    "transformer_blocks.*",
+    "single_transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
+_QWEN_IMAGE_UNITS = ("img_in", "txt_norm", "txt_in", "time_text_embed", "transformer_blocks.*", "norm_out", "proj_out")
+_ZIMAGE_UNITS = (
+    "all_x_embedder.*",
+    "t_embedder",
+    "cap_embedder",
+    "noise_refiner.*",
+    "context_refiner.*",
+    "layers.*",
+    "all_final_layer.*",
+)
+_SANA_UNITS = (
+    "patch_embed",
+    "time_embed",
+    "caption_projection",
+    "caption_norm",
+    "transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
 _PIXART_UNITS = (
     "pos_embed",
     "adaln_single",
@@ -86,17 +115,22 @@ _COGVIDEOX_UNITS = (
     "proj_out",
 )
 _LTX_UNITS = ("proj_in", "time_embed", "caption_projection", "transformer_blocks.*", "norm_out", "proj_out")
-_HUNYUAN_VIDEO_UNITS = ("x_embedder", "context_embedder", "time_text_embed", "transformer_blocks.*",
-                        "single_transformer_blocks.*", "norm_out", "proj_out")  # fmt: skip
+_HUNYUAN_VIDEO_UNITS = (
+    "x_embedder",
+    "context_embedder",
+    "time_text_embed",
+    "transformer_blocks.*",
+    "single_transformer_blocks.*",
+    "norm_out",
+    "proj_out",
+)
 
 
 DENOISERS: dict[str, DenoiserFacts] = {
     "UNet2DConditionModel": DenoiserFacts(
         "unet", ("down_blocks", "mid_block", "up_blocks"), ("BasicTransformerBlock",), _UNET_UNITS
     ),
-    "UNet2DModel": DenoiserFacts(
-        "unet", ("down_blocks", "mid_block", "up_blocks"), ("Attention",), _UNET_UNITS
-    ),
+    "UNet2DModel": DenoiserFacts("unet", ("down_blocks", "mid_block", "up_blocks"), ("Attention",), _UNET_UNITS),
     "DiTTransformer2DModel": DenoiserFacts(
         "transformer",
         ("transformer_blocks",),
@@ -127,9 +161,7 @@ DENOISERS: dict[str, DenoiserFacts] = {
     # Video transformers: one stack of blocks over (frames x height x width) patches and the text (HunyuanVideo:
     # dual-stream, then single-stream, like Flux).
     "WanTransformer3DModel": DenoiserFacts("transformer", ("blocks",), stage_units=_WAN_UNITS),
-    "CogVideoXTransformer3DModel": DenoiserFacts(
-        "transformer", ("transformer_blocks",), stage_units=_COGVIDEOX_UNITS
-    ),
+    "CogVideoXTransformer3DModel": DenoiserFacts("transformer", ("transformer_blocks",), stage_units=_COGVIDEOX_UNITS),
     "LTXVideoTransformer3DModel": DenoiserFacts(
         "transformer",
         ("transformer_blocks",),

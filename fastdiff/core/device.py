@@ -26,9 +26,7 @@ def require_torch_xla():
     try:
         import torch_xla
     except ImportError as error:
-        raise ImportError(
-            f"device 'xla' needs torch-xla, which is not installed here; {INSTALL_HINT}"
-        ) from error
+        raise ImportError(f"device 'xla' needs torch-xla, which is not installed here; {INSTALL_HINT}") from error
     return torch_xla
 
 

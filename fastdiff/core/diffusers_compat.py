@@ -112,6 +112,20 @@ def context_parallel_hooked(denoiser: torch.nn.Module, plan: dict) -> dict[torch
     return hooked
 
 
-__all__ = ["SUPPORTED", "CHECKED", "REGISTRY_ATTRIBUTE", "StatefulHook", "is_stateful", "set_stateful", "hook_registry",
-           "has_hooks", "hook_names", "is_hook_chain", "registry_module", "drop_registry", "block_metadata_registry",
-           "block_argument", "context_parallel_hooked"]  # fmt: skip
+__all__ = [
+    "SUPPORTED",
+    "CHECKED",
+    "REGISTRY_ATTRIBUTE",
+    "StatefulHook",
+    "is_stateful",
+    "set_stateful",
+    "hook_registry",
+    "has_hooks",
+    "hook_names",
+    "is_hook_chain",
+    "registry_module",
+    "drop_registry",
+    "block_metadata_registry",
+    "block_argument",
+    "context_parallel_hooked",
+]

@@ -41,9 +41,7 @@ def _diffusers_cache_hooks(module) -> list[str]:
     found = []
     for name, hook in registry.hooks.items():
         origin = type(hook).__module__
-        if origin.startswith("diffusers.hooks.") and any(
-            w in origin for w in ("cache", "broadcast", "taylor")
-        ):
+        if origin.startswith("diffusers.hooks.") and any(w in origin for w in ("cache", "broadcast", "taylor")):
             found.append(name)
     return found
 

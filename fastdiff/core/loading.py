@@ -51,9 +51,7 @@ def load_pipeline(path_or_dir: str | os.PathLike, **kwargs):
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {str(path_or_dir)!r} does not exist")
         if not (path / "model_index.json").is_file():
-            raise ValueError(
-                f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)"
-            )
+            raise ValueError(f"{str(path_or_dir)!r} is not a diffusers pipeline directory (no model_index.json)")
         index = json.loads((path / "model_index.json").read_text())
         class_name = index.get("_class_name")
         for name, value in index.items():

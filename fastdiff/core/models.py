@@ -84,54 +84,97 @@ PIPELINES: dict[str, PipelineFacts] = {
     },
     "DiTPipeline": PipelineFacts("class_labels", ("cond", "uncond"), 4.0, num_classes=10),
     "DDPMPipeline": PipelineFacts("batch_size"),
-}  # fmt: skip
+}
 
 # Flow-matching transformers. Flux (dev-style) embeds guidance_scale and runs one branch; true CFG
 # (true_cfg_scale > 1 with a negative prompt; default 1: off) runs a second, uncond call per step, as
 # Qwen-Image does by default. default_guidance is the default of guidance_arg.
-_FLUX = PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      cfg_needs_negative=True, passes_sigmas="always", passes_mu=True, family="Flux",
-                      latent_multiple=2, guidance_embeds_flag="guidance_embeds")  # fmt: skip
+_FLUX = PipelineFacts(
+    "prompt",
+    (),
+    1.0,
+    cfg_sequence=("cond", "uncond"),
+    guidance_arg="true_cfg_scale",
+    cfg_needs_negative=True,
+    passes_sigmas="always",
+    passes_mu=True,
+    family="Flux",
+    latent_multiple=2,
+    guidance_embeds_flag="guidance_embeds",
+)
 _SD3 = PipelineFacts("prompt", ("uncond", "cond"), 7.0, family="Stable Diffusion 3")
-_QWEN = PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), guidance_arg="true_cfg_scale",
-                      cfg_needs_negative=True, passes_sigmas="always", passes_mu=True, family="Qwen-Image",
-                      latent_multiple=2, guidance_embeds_flag="guidance_embeds")  # fmt: skip
+_QWEN = PipelineFacts(
+    "prompt",
+    (),
+    4.0,
+    cfg_sequence=("cond", "uncond"),
+    guidance_arg="true_cfg_scale",
+    cfg_needs_negative=True,
+    passes_sigmas="always",
+    passes_mu=True,
+    family="Qwen-Image",
+    latent_multiple=2,
+    guidance_embeds_flag="guidance_embeds",
+)
 _EXACT_SIZE = (("use_resolution_binning", False), ("clean_caption", False))
-_NOISING = (
-    "scale_noise",
-)  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
-_ZIMAGE = PipelineFacts("prompt", ("cond", "uncond"), 5.0, family="Z-Image", cfg_above=0.0, passes_sigmas="list",
-                        list_batch=True, passes_mu=True, latent_multiple=2, default_height=1024)  # fmt: skip
+_NOISING = ("scale_noise",)  # flow img2img/inpaint noise the init image with the FlowMatch schedulers' scale_noise
+_ZIMAGE = PipelineFacts(
+    "prompt",
+    ("cond", "uncond"),
+    5.0,
+    family="Z-Image",
+    cfg_above=0.0,
+    passes_sigmas="list",
+    list_batch=True,
+    passes_mu=True,
+    latent_multiple=2,
+    default_height=1024,
+)
 _FLOW_VARIANTS = {
     "FluxPipeline": dataclasses.replace(_FLUX, passes_sigmas="unless-flow-sigmas"),
     "FluxImg2ImgPipeline": dataclasses.replace(_FLUX, image_inputs=("image",), scheduler_methods=_NOISING),
-    "FluxInpaintPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image"),
-                                               scheduler_methods=_NOISING),
+    "FluxInpaintPipeline": dataclasses.replace(
+        _FLUX, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING
+    ),
     "FluxControlNetPipeline": dataclasses.replace(_FLUX, image_inputs=("control_image",)),
     "FluxFillPipeline": dataclasses.replace(_FLUX, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING),
-    "Flux2Pipeline": PipelineFacts("prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", passes_mu=True,
-                                   family="Flux.2", latent_multiple=2),
-    "Flux2KleinPipeline": PipelineFacts("prompt", (), 4.0, cfg_sequence=("cond", "uncond"), latent_multiple=2,
-                                        cfg_off_config="is_distilled", passes_sigmas="unless-flow-sigmas",
-                                        passes_mu=True, family="Flux.2"),
+    "Flux2Pipeline": PipelineFacts(
+        "prompt", (), 4.0, passes_sigmas="unless-flow-sigmas", passes_mu=True, family="Flux.2", latent_multiple=2
+    ),
+    "Flux2KleinPipeline": PipelineFacts(
+        "prompt",
+        (),
+        4.0,
+        cfg_sequence=("cond", "uncond"),
+        latent_multiple=2,
+        cfg_off_config="is_distilled",
+        passes_sigmas="unless-flow-sigmas",
+        passes_mu=True,
+        family="Flux.2",
+    ),
     "StableDiffusion3Pipeline": _SD3,
     "StableDiffusion3Img2ImgPipeline": dataclasses.replace(_SD3, image_inputs=("image",), scheduler_methods=_NOISING),
-    "StableDiffusion3InpaintPipeline": dataclasses.replace(_SD3, image_inputs=("image", "mask_image"),
-                                                           scheduler_methods=_NOISING),
+    "StableDiffusion3InpaintPipeline": dataclasses.replace(
+        _SD3, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING
+    ),
     "StableDiffusion3ControlNetPipeline": dataclasses.replace(_SD3, image_inputs=("control_image",)),
-    "StableDiffusion3ControlNetInpaintingPipeline": dataclasses.replace(_SD3, image_inputs=("control_image",
-                                                                                            "control_mask")),
+    "StableDiffusion3ControlNetInpaintingPipeline": dataclasses.replace(
+        _SD3, image_inputs=("control_image", "control_mask")
+    ),
     "QwenImagePipeline": _QWEN,
     "QwenImageImg2ImgPipeline": dataclasses.replace(_QWEN, image_inputs=("image",), scheduler_methods=_NOISING),
-    "QwenImageInpaintPipeline": dataclasses.replace(_QWEN, image_inputs=("image", "mask_image"),
-                                                    scheduler_methods=_NOISING),
+    "QwenImageInpaintPipeline": dataclasses.replace(
+        _QWEN, image_inputs=("image", "mask_image"), scheduler_methods=_NOISING
+    ),
     "ZImagePipeline": _ZIMAGE,
     "ZImageImg2ImgPipeline": dataclasses.replace(_ZIMAGE, image_inputs=("image",), scheduler_methods=_NOISING),
-    "SanaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="Sana", bench_call=_EXACT_SIZE,
-                                  size_multiple=32),
-    "PixArtSigmaPipeline": PipelineFacts("prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma",
-                                         bench_call=_EXACT_SIZE, size_multiple=8),
-}  # fmt: skip
+    "SanaPipeline": PipelineFacts(
+        "prompt", ("uncond", "cond"), 4.5, family="Sana", bench_call=_EXACT_SIZE, size_multiple=32
+    ),
+    "PixArtSigmaPipeline": PipelineFacts(
+        "prompt", ("uncond", "cond"), 4.5, family="PixArt-Sigma", bench_call=_EXACT_SIZE, size_multiple=8
+    ),
+}
 PIPELINES.update(_FLOW_VARIANTS)
 
 # Video pipelines (``output.frames``). Wan runs guidance as a second call per step (cond, then uncond) whenever
@@ -139,15 +182,31 @@ PIPELINES.update(_FLOW_VARIANTS)
 # CogVideoX (a v-prediction DDIM model) and LTX-Video batch (uncond, cond).
 _VIDEO_PIPELINES = {
     "WanPipeline": PipelineFacts("prompt", (), 5.0, cfg_sequence=("cond", "uncond"), family="Wan", latent_multiple=2),
-    "CogVideoXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 6.0, family="CogVideoX", latent_multiple=2,
-                                       size_multiple=8, sample_size_key="sample_height"),
-    "LTXPipeline": PipelineFacts("prompt", ("uncond", "cond"), 3.0, family="LTX-Video", passes_sigmas="always",
-                                 passes_mu=True, size_multiple=32),
-    "HunyuanVideoPipeline": PipelineFacts("prompt", (), 1.0, cfg_sequence=("cond", "uncond"),
-                                          guidance_arg="true_cfg_scale", cfg_needs_negative=True, passes_sigmas="always",
-                                          family="HunyuanVideo", guidance_embeds_flag="guidance_embeds",
-                                          latent_multiple=2),
-}  # fmt: skip
+    "CogVideoXPipeline": PipelineFacts(
+        "prompt",
+        ("uncond", "cond"),
+        6.0,
+        family="CogVideoX",
+        latent_multiple=2,
+        size_multiple=8,
+        sample_size_key="sample_height",
+    ),
+    "LTXPipeline": PipelineFacts(
+        "prompt", ("uncond", "cond"), 3.0, family="LTX-Video", passes_sigmas="always", passes_mu=True, size_multiple=32
+    ),
+    "HunyuanVideoPipeline": PipelineFacts(
+        "prompt",
+        (),
+        1.0,
+        cfg_sequence=("cond", "uncond"),
+        guidance_arg="true_cfg_scale",
+        cfg_needs_negative=True,
+        passes_sigmas="always",
+        family="HunyuanVideo",
+        guidance_embeds_flag="guidance_embeds",
+        latent_multiple=2,
+    ),
+}
 # Image-to-video: the text-to-video facts, plus the first frame as an image input.
 _VIDEO_PIPELINES["WanImageToVideoPipeline"] = dataclasses.replace(
     _VIDEO_PIPELINES["WanPipeline"], image_inputs=("image",)
@@ -199,9 +258,7 @@ def register_pipeline(facts: PipelineFacts):
 def pipeline_facts(pipe) -> PipelineFacts:
     name = type(pipe).__name__
     if name not in PIPELINES:
-        raise UnsupportedModelError(
-            f"no pipeline facts for {name}; supported: {', '.join(sorted(PIPELINES))}"
-        )
+        raise UnsupportedModelError(f"no pipeline facts for {name}; supported: {', '.join(sorted(PIPELINES))}")
     return PIPELINES[name]
 
 

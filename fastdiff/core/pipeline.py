@@ -113,9 +113,7 @@ class FastPipeline:
             self.accelerate(*parse(accelerators))
 
     @classmethod
-    def from_pretrained(
-        cls, path_or_dir: str | os.PathLike, accelerators=None, device=None, **kwargs
-    ) -> FastPipeline:
+    def from_pretrained(cls, path_or_dir: str | os.PathLike, accelerators=None, device=None, **kwargs) -> FastPipeline:
         """Load any diffusers pipeline directory (``fastdiff.core.loading.load_pipeline``) and wrap it.
 
         ``device`` ("cpu", "cuda", "xla" ...) places the pipeline there before any accelerator is applied.
@@ -242,9 +240,7 @@ class FastPipeline:
         for key, value in self._defaults.items():
             kwargs.setdefault(key, value)
         # Z-Image's pipelines write the chat template into the caller's prompt list: a reused call would change
-        kwargs = {
-            k: list(v) if isinstance(v, list) and k.endswith("prompt") else v for k, v in kwargs.items()
-        }
+        kwargs = {k: list(v) if isinstance(v, list) and k.endswith("prompt") else v for k, v in kwargs.items()}
         self._check_call(kwargs)
         reattach(self.denoiser)  # another tool may have swapped the denoiser's forward out and back
         if self._active:
@@ -264,9 +260,7 @@ class FastPipeline:
         params = inspect.signature(original_step).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
 
-        @functools.wraps(
-            original_step
-        )  # diffusers reads step's signature to decide whether to pass generator=
+        @functools.wraps(original_step)  # diffusers reads step's signature to decide whether to pass generator=
         def counted_step(*a, **k):
             if not takes_any:  # e.g. DDPMPipeline passes generator= even to schedulers without one
                 k = {key: v for key, v in k.items() if key in params}
@@ -307,9 +301,7 @@ class FastPipeline:
         facts = PIPELINES.get(type(self.pipe).__name__)
         if facts is not None and facts.guidance_embeds_flag:
             default = self._signature_default("guidance_scale")
-            check_ignored_guidance(
-                kwargs.get("guidance_scale"), default, self.denoiser, facts.guidance_embeds_flag
-            )
+            check_ignored_guidance(kwargs.get("guidance_scale"), default, self.denoiser, facts.guidance_embeds_flag)
         factor = self.size_factor()
         for key in ("height", "width"):
             if kwargs.get(key) is not None:
@@ -339,9 +331,7 @@ class FastPipeline:
         if isinstance(patch, (tuple, list)):  # video transformers patch (frames, height, width): Wan
             patch = max(patch[-2:])
         facts = PIPELINES.get(type(self.pipe).__name__)
-        latent = math.lcm(
-            2 ** (len(blocks) - 1) if blocks else int(patch), facts.latent_multiple if facts else 1
-        )
+        latent = math.lcm(2 ** (len(blocks) - 1) if blocks else int(patch), facts.latent_multiple if facts else 1)
         return math.lcm(int(vae_factor * latent), facts.size_multiple if facts else 1)
 
     # -- pass-through -------------------------------------------------------------------------------------
@@ -373,9 +363,7 @@ def resolve_device(device) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"device {device!r} is not a torch device; e.g. 'cpu', 'cuda', 'cuda:1', 'xla'"
-        ) from error
+        raise ValueError(f"device {device!r} is not a torch device; e.g. 'cpu', 'cuda', 'cuda:1', 'xla'") from error
 
 
 def step_sync(device):
@@ -404,6 +392,4 @@ def _check_finite(output: Any) -> None:
     else:
         return
     if not finite:
-        raise NonFiniteOutputError(
-            "the pipeline produced NaN or inf values; the output is on .output", output
-        )
+        raise NonFiniteOutputError("the pipeline produced NaN or inf values; the output is on .output", output)

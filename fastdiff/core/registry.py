@@ -63,9 +63,7 @@ class Accelerator:
     touches: ClassVar[frozenset[str]] = frozenset()
     exclusive: ClassVar[frozenset[str]] = frozenset()
     conflicts_with: ClassVar[frozenset[str]] = frozenset()
-    needs: ClassVar[
-        tuple[str, ...]
-    ] = ()  # optional packages apply imports (fastdiff.core.optional names their extra)
+    needs: ClassVar[tuple[str, ...]] = ()  # optional packages apply imports (fastdiff.core.optional names their extra)
     runs_on_xla: ClassVar[bool] = False  # True only where a test ran it on torch-xla (tests/xla/test_xla.py)
     # the changed denoiser is saved and reloaded through diffusers' from_config (new widths in its config: prune)
     rebuilt_from_config: ClassVar[bool] = False
@@ -121,8 +119,10 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
         return cls
     value, family = variant_of(cls), VARIANTS.setdefault(name, {})
     if taken is not None and (taken.variant_option, taken.variants) != (cls.variant_option, cls.variants):
-        raise TypeError(f"{cls.__name__}: accelerator name {name!r} is already registered by {taken}, which is "
-                        f"not told apart by {cls.variant_option}={'|'.join(cls.variants)}")  # fmt: skip
+        raise TypeError(
+            f"{cls.__name__}: accelerator name {name!r} is already registered by {taken}, which is "
+            f"not told apart by {cls.variant_option}={'|'.join(cls.variants)}"
+        )
     if family.get(value, cls) is not cls:
         raise TypeError(f"{name}({cls.variant_option}={value}) is already registered by {family[value]}")
     family[value] = cls
@@ -135,8 +135,9 @@ def variant_of(cls: type[Accelerator]) -> str:
     fields = dataclasses.fields(cls)
     first = fields[0] if fields else None
     if first is None or first.name != cls.variant_option or first.default not in cls.variants:
-        raise TypeError(f"{cls.__name__}: its first field must be {cls.variant_option!r} with a default among "
-                        f"{cls.variants}")  # fmt: skip
+        raise TypeError(
+            f"{cls.__name__}: its first field must be {cls.variant_option!r} with a default among {cls.variants}"
+        )
     return first.default
 
 
@@ -155,8 +156,11 @@ def get(name: str, variant: str | None = None) -> type[Accelerator]:
     """The class of ``name``; for a name shared by several classes, the one ``variant`` picks (None: the default)."""
     _load_accelerators()
     if name in ALIASES and name not in REGISTRY:
-        warnings.warn(f"{name}(...) is now {ALIASES[name]}(...); the old name will go in a later release",
-                      FutureWarning, stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"{name}(...) is now {ALIASES[name]}(...); the old name will go in a later release",
+            FutureWarning,
+            stacklevel=4,
+        )
         name = ALIASES[name]
     if name not in REGISTRY:
         raise AcceleratorError(f"unknown accelerator {name!r}; available: {', '.join(sorted(REGISTRY))}")
@@ -166,9 +170,7 @@ def get(name: str, variant: str | None = None) -> type[Accelerator]:
     family = VARIANTS[name]
     if variant not in family:
         allowed = [v for v in cls.variants if v in family]
-        raise AcceleratorError(
-            f"{name}: {cls.variant_option} must be one of {', '.join(allowed)}, got {variant!r}"
-        )
+        raise AcceleratorError(f"{name}: {cls.variant_option} must be one of {', '.join(allowed)}, got {variant!r}")
     return family[variant]
 
 

@@ -121,9 +121,7 @@ def convert(text: str, annotation: Any, where: str, quoted: bool = False) -> Any
         for option in allowed:
             if text == str(option):
                 return option
-        raise AcceleratorError(
-            f"{where}: {text!r} is not allowed; choose one of {', '.join(map(str, allowed))}"
-        )
+        raise AcceleratorError(f"{where}: {text!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
         if type(None) in args and not quoted and text.lower() in ("none", "null"):

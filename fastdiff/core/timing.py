@@ -39,9 +39,7 @@ def peak_rss_mb(interval: float = 0.005):
         result["peak"] = max(result["peak"], process.memory_info().rss / 2**20)
 
 
-def time_runs(
-    fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None, warmup: bool = True
-):
+def time_runs(fn: Callable[[], Any], runs: int, on_run: Callable[[], None] | None = None, warmup: bool = True):
     """One untimed warm-up, then ``runs`` timed calls.
 
     Returns (wall seconds per run, last output, peak RSS MiB, process CPU seconds per run). CPU time is the

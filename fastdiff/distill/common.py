@@ -41,17 +41,14 @@ def check_out(out, command: dict, resume: bool) -> None:
     earlier = json.loads(manifest.read_text()).get("command") if manifest.is_file() else None
     wanted = json.loads(json.dumps(command))  # as the manifest stores it (tuples become lists)
     if earlier != wanted:
-        differs = sorted(
-            k for k in set(wanted) | set(earlier or {}) if (earlier or {}).get(k) != wanted.get(k)
-        )
+        differs = sorted(k for k in set(wanted) | set(earlier or {}) if (earlier or {}).get(k) != wanted.get(k))
         detail = (
-            "; options that differ: " + ", ".join(f"{k} (saved {(earlier or {}).get(k)!r}, now {wanted.get(k)!r})"
-                                                  for k in differs[:4])
-            if earlier else ""
-        )  # fmt: skip
-        raise DistillError(
-            f"{out} exists and is not an earlier run of this command{detail}; choose another OUT"
+            "; options that differ: "
+            + ", ".join(f"{k} (saved {(earlier or {}).get(k)!r}, now {wanted.get(k)!r})" for k in differs[:4])
+            if earlier
+            else ""
         )
+        raise DistillError(f"{out} exists and is not an earlier run of this command{detail}; choose another OUT")
     if not resume:
         raise DistillError(f"{out} holds an earlier run of this command; pass --resume to continue it")
 

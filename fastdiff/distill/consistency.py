@@ -56,9 +56,22 @@ from fastdiff.train.loop import train
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # LoRA targets of diffusers' LCM-LoRA script (those the model has are used).
-LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",
-                "conv1", "conv2", "conv_shortcut", "downsamplers.0.conv", "upsamplers.0.conv",
-                "time_emb_proj"]  # fmt: skip
+LORA_TARGETS = [
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "proj_in",
+    "proj_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "conv1",
+    "conv2",
+    "conv_shortcut",
+    "downsamplers.0.conv",
+    "upsamplers.0.conv",
+    "time_emb_proj",
+]
 SIGMA_DATA, TIMESTEP_SCALING = 0.5, 10.0  # LCMScheduler's defaults
 
 
@@ -75,8 +88,11 @@ def student_scheduler(config, skip: int):
 
     from fastdiff.schedulers.presets import explicit_config
 
-    return LCMScheduler.from_config(explicit_config(config, "LCMScheduler"), original_inference_steps=config.num_train_timesteps // skip,
-                                    clip_sample=False)  # fmt: skip
+    return LCMScheduler.from_config(
+        explicit_config(config, "LCMScheduler"),
+        original_inference_steps=config.num_train_timesteps // skip,
+        clip_sample=False,
+    )
 
 
 def consistency(
@@ -102,8 +118,9 @@ def consistency(
     progress: bool = True,
 ) -> dict:
     """Distill ``teacher_dir`` into a consistency student saved at ``out``; returns the run's report."""
-    guidance = parse_guidance(",".join(map(str, guidance_range)) if isinstance(guidance_range, tuple)
-                              else guidance_range)  # fmt: skip
+    guidance = parse_guidance(
+        ",".join(map(str, guidance_range)) if isinstance(guidance_range, tuple) else guidance_range
+    )
     if lora is not None and lora < 1:
         raise DistillError(f"--lora RANK must be >= 1, got {lora}")
     if solver not in SOLVERS:
@@ -111,26 +128,41 @@ def consistency(
     if loss not in ("huber", "l2"):
         raise DistillError(f"--loss must be huber or l2, got {loss!r}")
     if train_steps < 1 or batch < 1 or not 0 <= ema_decay < 1:
-        raise DistillError(f"need train steps >= 1, batch >= 1, 0 <= ema decay < 1; got {train_steps}, "
-                           f"{batch}, {ema_decay}")  # fmt: skip
+        raise DistillError(
+            f"need train steps >= 1, batch >= 1, 0 <= ema decay < 1; got {train_steps}, {batch}, {ema_decay}"
+        )
     out = Path(out)
-    command = {"command": "consistency", "teacher": str(Path(teacher_dir).resolve()), "lora": lora,
-               "guidance_range": guidance, "skip": skip, "train_steps": train_steps, "batch": batch, "lr": lr,
-               "loss": loss, "seed": seed, "accumulate": accumulate,
-               **({"solver": solver} if solver != "ddim" else {})}  # fmt: skip
+    command = {
+        "command": "consistency",
+        "teacher": str(Path(teacher_dir).resolve()),
+        "lora": lora,
+        "guidance_range": guidance,
+        "skip": skip,
+        "train_steps": train_steps,
+        "batch": batch,
+        "lr": lr,
+        "loss": loss,
+        "seed": seed,
+        "accumulate": accumulate,
+        **({"solver": solver} if solver != "ddim" else {}),
+    }
     check_out(out, command, resume)
     fp = load_teacher(teacher_dir)
     config = fp.pipe.scheduler.config
     total = config.num_train_timesteps
     if not 1 <= skip <= total // max(sample_steps, 1) or sample_steps < 1:
-        raise DistillError(f"--skip must be in [1, {total // max(sample_steps, 1)}] for {sample_steps} sampling "
-                           f"steps over {total} training timesteps, got {skip}")  # fmt: skip
+        raise DistillError(
+            f"--skip must be in [1, {total // max(sample_steps, 1)}] for {sample_steps} sampling "
+            f"steps over {total} training timesteps, got {skip}"
+        )
     low, high = guidance or (default_guidance(fp),) * 2
     teacher = fp.denoiser.eval()
     embed = lora is None and high > low
     if embed and type(teacher).__name__ != "UNet2DConditionModel":
-        raise DistillError(f"a guidance range needs a w-embedding, which {type(teacher).__name__} cannot take; "
-                           "give one scale (--guidance-range a) or use --lora")  # fmt: skip
+        raise DistillError(
+            f"a guidance range needs a w-embedding, which {type(teacher).__name__} cannot take; "
+            "give one scale (--guidance-range a) or use --lora"
+        )
     if embed and not hasattr(fp.pipe, "get_guidance_scale_embedding"):
         raise DistillError(f"{type(fp.pipe).__name__} cannot feed a guidance embedding; give one scale")
     manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
@@ -146,9 +178,7 @@ def consistency(
     else:
         student, lora_config = _with_lora(fresh_copy(teacher), lora)
         target, extra = student, {}  # LCM-LoRA: the online student, without gradients, gives the target
-    embedding = (
-        (lambda w: fp.pipe.get_guidance_scale_embedding(w, embedding_dim=w_embedding_dim)) if embed else None
-    )
+    embedding = (lambda w: fp.pipe.get_guidance_scale_embedding(w, embedding_dim=w_embedding_dim)) if embed else None
     loss_fn = _loss(batches, teacher, target, config, skip, (low, high), embedding, loss, huber_c, solver)
 
     def ema_update(step):
@@ -158,15 +188,38 @@ def consistency(
                     e.lerp_(p, 1 - ema_decay)
 
     work = out / "train"
-    report = train(student, loss_fn, train_steps, lr=lr, out_dir=work, save_every=save_every, seed=seed,
-                   accumulate=accumulate, frozen=(teacher,), extra=extra, after_step=ema_update,
-                   gradient_checkpointing=gradient_checkpointing, progress=progress, schedule="constant",
-                   desc="consistency")  # fmt: skip
+    report = train(
+        student,
+        loss_fn,
+        train_steps,
+        lr=lr,
+        out_dir=work,
+        save_every=save_every,
+        seed=seed,
+        accumulate=accumulate,
+        frozen=(teacher,),
+        extra=extra,
+        after_step=ema_update,
+        gradient_checkpointing=gradient_checkpointing,
+        progress=progress,
+        schedule="constant",
+        desc="consistency",
+    )
     student.cpu().eval()
-    info = {"method": "consistency", "solver": solver, "skip": skip, "steps": sample_steps, "guidance_range": [low, high],
-            "w_embedding": embed, "original_inference_steps": total // skip, "train": report,
-            "sample_with": {"num_inference_steps": sample_steps,
-                            **({} if embed or not batches.uncond else {"guidance_scale": 1.0})}}  # fmt: skip
+    info = {
+        "method": "consistency",
+        "solver": solver,
+        "skip": skip,
+        "steps": sample_steps,
+        "guidance_range": [low, high],
+        "w_embedding": embed,
+        "original_inference_steps": total // skip,
+        "train": report,
+        "sample_with": {
+            "num_inference_steps": sample_steps,
+            **({} if embed or not batches.uncond else {"guidance_scale": 1.0}),
+        },
+    }
     if lora is None:
         info["load_accelerators"] = f"scheduler(name=lcm,steps={sample_steps})"
         _save_full(fp, student, student_scheduler(config, skip), out)
@@ -290,9 +343,7 @@ def _loss(batches, teacher, target, config, skip, guidance, embedding, kind_of_l
         out = denoiser_output(student, {"sample": z, "timestep": t, **cond, **extra})
         pred = c_skip * z + c_out * to_eps_x0(out, z, at, kind)[1]
         with torch.no_grad():  # one solver step of the guided teacher t -> s, then the target network at s
-            z_prev = solve(
-                z, t, s, at, as_, lambda x, u, a_u: guided(teacher, x, u, cond, uncond, scale, a_u, kind)
-            )
+            z_prev = solve(z, t, s, at, as_, lambda x, u, a_u: guided(teacher, x, u, cond, uncond, scale, a_u, kind))
             out_prev = denoiser_output(target, {"sample": z_prev, "timestep": s, **cond, **extra})
             c_skip_s, c_out_s = boundary_scalings(s)
             want = c_skip_s * z_prev + c_out_s * to_eps_x0(out_prev, z_prev, as_, kind)[1]

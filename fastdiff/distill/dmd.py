@@ -60,14 +60,16 @@ from fastdiff.train.loop import ema_updater, train
 METHODS = ("dmd", "sid")
 
 
-def check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay,
-                  gan=0.0, gan_d=0.0) -> None:  # fmt: skip
+def check_options(
+    method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan=0.0, gan_d=0.0
+) -> None:
     """DistillError naming the first bad option (before anything is loaded or written)."""
     if method not in METHODS:
         raise DistillError(f"method must be one of {METHODS}, got {method!r}")
     if train_steps < 1 or batch < 1 or fake_updates < 1:
-        raise DistillError(f"need --train-steps, --batch and --fake-updates >= 1, got {train_steps}, {batch}, "
-                           f"{fake_updates}")  # fmt: skip
+        raise DistillError(
+            f"need --train-steps, --batch and --fake-updates >= 1, got {train_steps}, {batch}, {fake_updates}"
+        )
     low, high = t_range
     if not 0 <= low < high <= 1:
         raise DistillError(f"--t-range must be 'low,high' with 0 <= low < high <= 1, got {low},{high}")
@@ -84,8 +86,10 @@ def check_options(method, train_steps, batch, fake_updates, t_range, regression,
 def gan_head(fake, batches, process, device, flow: bool):
     """DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``); DistillError without training images."""
     if flow or getattr(batches, "x0", None) is None:
-        raise DistillError("--gan tells the teacher's training images from the generator's: this teacher has none "
-                           "beside it (a digits build's eval/split.npz)")  # fmt: skip
+        raise DistillError(
+            "--gan tells the teacher's training images from the generator's: this teacher has none "
+            "beside it (a digits build's eval/split.npz)"
+        )
     _, cond, _ = batches.batch(torch.Generator().manual_seed(0))
     probe = {k: v[:1].to(device) if torch.is_tensor(v) else v for k, v in cond.items()}
     probe[batches.key] = torch.zeros((1, *batches.shape), device=device)
@@ -98,8 +102,10 @@ def check_lora(rank, init, ema_decay, process) -> None:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise DistillError(f"--lora must be an integer rank >= 1, got {rank!r}")
     if init is not None or ema_decay is not None:
-        raise DistillError("--lora trains two adapters on the teacher's own weights: --init and --ema-decay need "
-                           "full mode (leave --lora out)")  # fmt: skip
+        raise DistillError(
+            "--lora trains two adapters on the teacher's own weights: --init and --ema-decay need "
+            "full mode (leave --lora out)"
+        )
     if process.kind != process.generator_kind:
         raise DistillError(
             f"--lora needs a teacher that predicts what the one-step generator reads ({process.generator_kind}); "
@@ -122,15 +128,19 @@ def load_generator(fp, process, init):
     manifest = init / MANIFEST
     info = json.loads(manifest.read_text()) if manifest.is_file() else {}
     if info.get("steps") != 1 or info.get("sample_with", {}).get("guidance_scale") != 1.0:
-        raise DistillError(f"--init {str(init)!r} is not a one-step student (its {MANIFEST} says steps="
-                           f"{info.get('steps')!r}); make one with fastdiff distill progressive --to 1")  # fmt: skip
+        raise DistillError(
+            f"--init {str(init)!r} is not a one-step student (its {MANIFEST} says steps="
+            f"{info.get('steps')!r}); make one with fastdiff distill progressive --to 1"
+        )
     cls = type(fp.denoiser)
     student = cls.from_pretrained(init, subfolder=fp.denoiser_name)
     keys = ("sample_size", "in_channels", "out_channels", "block_out_channels", "num_class_embeds")
     differs = [k for k in keys if student.config.get(k) != fp.denoiser.config.get(k)]
     if differs:
-        raise DistillError(f"--init {str(init)!r} is a student of another teacher: its {differs[0]} is "
-                           f"{student.config.get(differs[0])!r}, the teacher's {fp.denoiser.config.get(differs[0])!r}")  # fmt: skip
+        raise DistillError(
+            f"--init {str(init)!r} is a student of another teacher: its {differs[0]} is "
+            f"{student.config.get(differs[0])!r}, the teacher's {fp.denoiser.config.get(differs[0])!r}"
+        )
     return fresh_copy(student)
 
 
@@ -175,21 +185,38 @@ def dmd(
     ``lora`` (a rank) the generator and the fake score are two LoRA adapters on the teacher's one copy of the
     weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``."""
     t_range = tuple(float(v) for v in t_range)
-    check_options(
-        method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d
-    )
+    check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d)
     shared = sorted(set(selection_seeds) & set(report_seeds))
     if snapshot_every and (shared or not selection_seeds or not report_seeds):
-        raise DistillError(f"--selection-seeds {list(selection_seeds)} and --report-seeds {list(report_seeds)} "
-                           "must be non-empty and disjoint")  # fmt: skip
+        raise DistillError(
+            f"--selection-seeds {list(selection_seeds)} and --report-seeds {list(report_seeds)} "
+            "must be non-empty and disjoint"
+        )
     out = Path(out)
-    command = {"command": "dmd", "teacher": str(Path(teacher_dir).resolve()),
-               "init": str(Path(init).resolve()) if init else None, "method": method, "guidance": guidance,
-               "train_steps": train_steps, "batch": batch, "lr": lr, "fake_lr": fake_lr,
-               "fake_updates": fake_updates, "fake_warmup": fake_warmup, "t_range": list(t_range),
-               "regression": regression, "pairs": pairs,
-               "pair_steps": pair_steps, "sid_alpha": sid_alpha, "ema_decay": ema_decay, "seed": seed,
-               "snapshot_every": snapshot_every, "lora": lora, "gan": gan, "gan_d": gan_d}  # fmt: skip
+    command = {
+        "command": "dmd",
+        "teacher": str(Path(teacher_dir).resolve()),
+        "init": str(Path(init).resolve()) if init else None,
+        "method": method,
+        "guidance": guidance,
+        "train_steps": train_steps,
+        "batch": batch,
+        "lr": lr,
+        "fake_lr": fake_lr,
+        "fake_updates": fake_updates,
+        "fake_warmup": fake_warmup,
+        "t_range": list(t_range),
+        "regression": regression,
+        "pairs": pairs,
+        "pair_steps": pair_steps,
+        "sid_alpha": sid_alpha,
+        "ema_decay": ema_decay,
+        "seed": seed,
+        "snapshot_every": snapshot_every,
+        "lora": lora,
+        "gan": gan,
+        "gan_d": gan_d,
+    }
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
     flow = process.kind == "flow"
@@ -216,27 +243,51 @@ def dmd(
     work.mkdir(parents=True, exist_ok=True)
     pool = None
     if regression > 0:
-        pool = teacher_pairs(
-            process, teacher, batches, key, scale, pairs, pair_steps, seed, work / "pairs.pt"
-        )
+        pool = teacher_pairs(process, teacher, batches, key, scale, pairs, pair_steps, seed, work / "pairs.pt")
     ema = fresh_copy(generator) if ema_decay else None
     hooks = [ema_updater(ema, generator, ema_decay)] if ema is not None else []
     if snapshot_every:
-        kept = (
-            MergedView(fp.denoiser, GENERATOR)
-            if lora is not None
-            else (ema if ema is not None else generator)
-        )
+        kept = MergedView(fp.denoiser, GENERATOR) if lora is not None else (ema if ema is not None else generator)
         hooks.append(snapshotter(work / SNAPSHOTS, snapshot_every, kept))
     low, high = (max(0, round(v * (process.total - 1))) for v in t_range)
-    loss_fn = dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method,
-                          sid_alpha, regression, pool, fake_warmup, head, gan, gan_d)  # fmt: skip
-    report = train(generator, loss_fn, train_steps, lr=lr, out_dir=work, save_every=save_every, seed=seed,
-                   frozen=(teacher,), extra={"ema": ema} if ema is not None else None,
-                   state={"fake": fake, "fake_optimizer": fake_opt, **({"gan_head": head} if head is not None else {})},
-                   after_step=lambda step: [hook(step) for hook in hooks],
-                   progress=progress, schedule="constant", max_loss=max_loss, stop_after=stop_after,
-                   desc=f"{method} 1 step")  # fmt: skip
+    loss_fn = dmd_loss_fn(
+        process,
+        key,
+        batches,
+        teacher,
+        fake,
+        fake_opt,
+        scale,
+        low,
+        high,
+        fake_updates,
+        method,
+        sid_alpha,
+        regression,
+        pool,
+        fake_warmup,
+        head,
+        gan,
+        gan_d,
+    )
+    report = train(
+        generator,
+        loss_fn,
+        train_steps,
+        lr=lr,
+        out_dir=work,
+        save_every=save_every,
+        seed=seed,
+        frozen=(teacher,),
+        extra={"ema": ema} if ema is not None else None,
+        state={"fake": fake, "fake_optimizer": fake_opt, **({"gan_head": head} if head is not None else {})},
+        after_step=lambda step: [hook(step) for hook in hooks],
+        progress=progress,
+        schedule="constant",
+        max_loss=max_loss,
+        stop_after=stop_after,
+        desc=f"{method} 1 step",
+    )
     if head is not None:
         head.remove()
     if report["steps"] < train_steps:
@@ -248,15 +299,23 @@ def dmd(
         student = (ema if ema is not None else generator).cpu()
     config = fp.pipe.scheduler.config
     scheduler = type(fp.pipe.scheduler).from_config(config) if flow else student_scheduler(config)
-    info = {"method": method, "steps": 1, "load_accelerators": f"scheduler(name={'flow-euler' if flow else 'ddim'},steps=1)",
-            "guidance_baked_in": scale, "sample_with": {"num_inference_steps": 1, "guidance_scale": 1.0},
-            "ema": ema_decay is not None, "lora": lora, "train": report}  # fmt: skip
+    info = {
+        "method": method,
+        "steps": 1,
+        "load_accelerators": f"scheduler(name={'flow-euler' if flow else 'ddim'},steps=1)",
+        "guidance_baked_in": scale,
+        "sample_with": {"num_inference_steps": 1, "guidance_scale": 1.0},
+        "ema": ema_decay is not None,
+        "lora": lora,
+        "train": report,
+    }
     snapshots = sorted((work / SNAPSHOTS).glob("step-*.safetensors"))
     if snapshot_every and snapshots:
         from safetensors.torch import load_file
 
-        record = pick_snapshot(teacher_dir, snapshots, scheduler, selection_seeds, report_seeds,
-                               pick_images, progress=progress)  # fmt: skip
+        record = pick_snapshot(
+            teacher_dir, snapshots, scheduler, selection_seeds, report_seeds, pick_images, progress=progress
+        )
         with torch.no_grad():
             student.load_state_dict(load_file(work / SNAPSHOTS / f"{record['choice']}.safetensors"))
         info["selection"] = record

@@ -35,9 +35,7 @@ def middle_module(denoiser) -> torch.nn.Module:
 
 def _pooled(output) -> torch.Tensor:
     """(batch, features): the image states of a block's output, averaged over positions."""
-    if isinstance(
-        output, (tuple, list)
-    ):  # joint blocks return (text, image) or (image, text): the larger one
+    if isinstance(output, (tuple, list)):  # joint blocks return (text, image) or (image, text): the larger one
         output = max((t for t in output if torch.is_tensor(t)), key=lambda t: t[0].numel())
     return output.flatten(2).mean(-1) if output.dim() == 4 else output.mean(1)
 

@@ -26,8 +26,15 @@ from fastdiff.distill.consistency import LORA_TARGETS, present_targets
 
 GENERATOR, FAKE = "generator", "fake"
 # LoRA targets: the consistency LoRA's (diffusers' LCM-LoRA script), plus joint attention's text side (SD3, Flux)
-TARGETS = (*LORA_TARGETS, "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff_context.net.0.proj",
-           "ff_context.net.2")  # fmt: skip
+TARGETS = (
+    *LORA_TARGETS,
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+)
 
 
 def _tuner_layers(base):

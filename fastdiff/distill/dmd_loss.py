@@ -17,9 +17,7 @@ from fastdiff.train.inputs import denoiser_output, to_device
 def guided_x0(process, model, key, x_t, levels, cond, uncond, scale: float):
     """x0 of ``model`` at ``x_t`` and ``levels``, classifier-free guided at ``scale`` when ``uncond`` is given."""
     timestep = process.timestep(levels).to(x_t.device)
-    x0 = process.x0(
-        denoiser_output(model, {key: x_t, "timestep": timestep, **cond})[:, : x_t.shape[1]], x_t, levels
-    )
+    x0 = process.x0(denoiser_output(model, {key: x_t, "timestep": timestep, **cond})[:, : x_t.shape[1]], x_t, levels)
     if uncond is None or scale == 1:
         return x0
     out = denoiser_output(model, {key: x_t, "timestep": timestep, **uncond})[:, : x_t.shape[1]]
@@ -30,9 +28,7 @@ def guided_x0(process, model, key, x_t, levels, cond, uncond, scale: float):
 def generate(process, gen, key, z, cond):
     """The generator's one-call sample from pure noise ``z``."""
     timestep = process.generator_timestep(z.shape[0]).to(z.device)
-    return process.generator_x0(
-        denoiser_output(gen, {key: z, "timestep": timestep, **cond})[:, : z.shape[1]], z
-    )
+    return process.generator_x0(denoiser_output(gen, {key: z, "timestep": timestep, **cond})[:, : z.shape[1]], z)
 
 
 def teacher_pairs(process, teacher, batches, key, scale, count, steps, seed, path) -> dict:
@@ -54,15 +50,18 @@ def teacher_pairs(process, teacher, batches, key, scale, count, steps, seed, pat
                 if i + 1 == len(levels):
                     x = x0
                 else:
-                    x = process.noise(
-                        x0, process.noise_from(x, x0, now), torch.full_like(now, int(levels[i + 1]))
-                    )[0]
+                    x = process.noise(x0, process.noise_from(x, x0, now), torch.full_like(now, int(levels[i + 1])))[0]
         noises.append(z)
         samples.append(x)
         conds.append(cond)
-    pairs = {"noise": torch.cat(noises)[:count], "sample": torch.cat(samples)[:count],
-             "cond": {k: torch.cat([c[k] for c in conds])[:count] if torch.is_tensor(conds[0][k]) else conds[0][k]
-                      for k in conds[0]}}  # fmt: skip
+    pairs = {
+        "noise": torch.cat(noises)[:count],
+        "sample": torch.cat(samples)[:count],
+        "cond": {
+            k: torch.cat([c[k] for c in conds])[:count] if torch.is_tensor(conds[0][k]) else conds[0][k]
+            for k in conds[0]
+        },
+    }
     torch.save(pairs, path)
     return pairs
 
@@ -73,9 +72,26 @@ def fake_steps_done(fake_opt) -> int:
     return int(max(steps)) if steps else 0
 
 
-def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high, fake_updates, method, sid_alpha,
-                regression, pool, fake_warmup: int = 0, gan=None, gan_weight: float = 0.0,
-                gan_d_weight: float = 0.0):  # fmt: skip
+def dmd_loss_fn(
+    process,
+    key,
+    batches,
+    teacher,
+    fake,
+    fake_opt,
+    scale,
+    low,
+    high,
+    fake_updates,
+    method,
+    sid_alpha,
+    regression,
+    pool,
+    fake_warmup: int = 0,
+    gan=None,
+    gan_weight: float = 0.0,
+    gan_d_weight: float = 0.0,
+):
     """``loss_fn(generator, g, device)`` for ``fastdiff.train.loop.train``: ``fake_updates`` fake-score steps on
     fresh generator samples, then the generator's loss (and the losses shown beside it). Until the fake score
     has made ``fake_warmup`` updates the generator's loss is zero: it waits for the fake score to follow it.
@@ -88,9 +104,7 @@ def dmd_loss_fn(process, key, batches, teacher, fake, fake_opt, scale, low, high
         return torch.randint(lo, hi + 1, (n,), generator=g).to(device)
 
     def fresh(gen, g, device, cond):
-        return generate(
-            process, gen, key, torch.randn((batches.size, *batches.shape), generator=g).to(device), cond
-        )
+        return generate(process, gen, key, torch.randn((batches.size, *batches.shape), generator=g).to(device), cond)
 
     def loss_fn(gen, g, device):
         x_real, cond, uncond = batches.batch(g)

@@ -48,9 +48,7 @@ class LcmLora(DistilledAccelerator):
 
         folder = Path(self.path).expanduser()
         if not (folder / "adapter_config.json").is_file():
-            raise AcceleratorError(
-                f"lcm-lora: {self.path!r} is not a peft adapter directory (no adapter_config.json)"
-            )
+            raise AcceleratorError(f"lcm-lora: {self.path!r} is not a peft adapter directory (no adapter_config.json)")
         manifest = folder / MANIFEST
         return json.loads(manifest.read_text()) if manifest.is_file() else {}
 
@@ -73,8 +71,9 @@ class LcmLora(DistilledAccelerator):
         had_config = "peft_config" in den.__dict__
         try:
             inject_adapter_in_model(LoraConfig.from_pretrained(folder), den, adapter_name=ADAPTER_NAME)
-            result = set_peft_model_state_dict(den, load_file(folder / "adapter_model.safetensors"),
-                                               adapter_name=ADAPTER_NAME)  # fmt: skip
+            result = set_peft_model_state_dict(
+                den, load_file(folder / "adapter_model.safetensors"), adapter_name=ADAPTER_NAME
+            )
         except Exception as error:
             _unwrap(den, BaseTunerLayer, had_config)
             raise AcceleratorError(
@@ -86,8 +85,11 @@ class LcmLora(DistilledAccelerator):
             raise AcceleratorError(f"lcm-lora: the adapter does not fit this denoiser ({unexpected[:3]} ...)")
         original = pipe.scheduler
         total = original.config.num_train_timesteps
-        pipe.scheduler = LCMScheduler.from_config(explicit_config(original.config, "LCMScheduler"), clip_sample=False,
-            original_inference_steps=info.get("original_inference_steps", total // 20))  # fmt: skip
+        pipe.scheduler = LCMScheduler.from_config(
+            explicit_config(original.config, "LCMScheduler"),
+            clip_sample=False,
+            original_inference_steps=info.get("original_inference_steps", total // 20),
+        )
 
         def restore():
             pipe.scheduler = original

@@ -61,9 +61,16 @@ def within_points_of_best(points: float) -> Callable[[dict], str]:
     return rule
 
 
-def pick_snapshot(teacher_dir, snapshots: Sequence[Path], scheduler, selection_seeds: Sequence[int] = (0,),
-                  report_seeds: Sequence[int] = (1,), images: int = 500, points: float = 1.0,
-                  progress: bool = True) -> dict:  # fmt: skip
+def pick_snapshot(
+    teacher_dir,
+    snapshots: Sequence[Path],
+    scheduler,
+    selection_seeds: Sequence[int] = (0,),
+    report_seeds: Sequence[int] = (1,),
+    images: int = 500,
+    points: float = 1.0,
+    progress: bool = True,
+) -> dict:
     """Score every snapshot (one-call samples of ``images`` images, guidance baked in) on the selection seeds,
     pick by ``within_points_of_best(points)``, report the pick on ``report_seeds``."""
     from safetensors.torch import load_file
@@ -100,9 +107,7 @@ def pick_snapshot(teacher_dir, snapshots: Sequence[Path], scheduler, selection_s
         return row
 
     try:
-        record = select_then_report(
-            evaluate, names, selection_seeds, report_seeds, within_points_of_best(points)
-        )
+        record = select_then_report(evaluate, names, selection_seeds, report_seeds, within_points_of_best(points))
     finally:
         bar.close()
     record["path"] = str(by_name[record["choice"]])

@@ -116,6 +116,8 @@ def process_for(scheduler):
     if kind not in ("epsilon", "v_prediction", "sample"):
         from fastdiff.distill.common import DistillError
 
-        raise DistillError(f"the teacher's scheduler predicts {kind!r}; one-step distillation knows epsilon, "
-                           "v_prediction, sample and flow")  # fmt: skip
+        raise DistillError(
+            f"the teacher's scheduler predicts {kind!r}; one-step distillation knows epsilon, "
+            "v_prediction, sample and flow"
+        )
     return Diffusion(scheduler)

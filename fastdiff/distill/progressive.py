@@ -66,8 +66,13 @@ def student_scheduler(config):
 
     from fastdiff.schedulers.presets import explicit_config
 
-    return DDIMScheduler.from_config(explicit_config(config, "DDIMScheduler"), prediction_type="v_prediction", clip_sample=False,
-                                     set_alpha_to_one=True, timestep_spacing="trailing")  # fmt: skip
+    return DDIMScheduler.from_config(
+        explicit_config(config, "DDIMScheduler"),
+        prediction_type="v_prediction",
+        clip_sample=False,
+        set_alpha_to_one=True,
+        timestep_spacing="trailing",
+    )
 
 
 def progressive(
@@ -95,9 +100,18 @@ def progressive(
     if steps_per_round < 1 or batch < 1:
         raise DistillError(f"need --steps-per-round >= 1 and --batch >= 1, got {steps_per_round}, {batch}")
     out = Path(out)
-    command = {"command": "progressive", "teacher": str(Path(teacher_dir).resolve()), "from": start,
-               "to": end, "steps_per_round": steps_per_round, "batch": batch, "lr": lr, "guidance": guidance,
-               "seed": seed, "accumulate": accumulate}  # fmt: skip
+    command = {
+        "command": "progressive",
+        "teacher": str(Path(teacher_dir).resolve()),
+        "from": start,
+        "to": end,
+        "steps_per_round": steps_per_round,
+        "batch": batch,
+        "lr": lr,
+        "guidance": guidance,
+        "seed": seed,
+        "accumulate": accumulate,
+    }
     if pool < batch:
         raise DistillError(f"--pool ({pool}) must hold at least one batch ({batch})")
     fp = load_teacher(teacher_dir, allow_flow=True)
@@ -128,14 +142,31 @@ def progressive(
             else:
                 loss_fn = _round_loss(batches, teacher, kind, uncond_on, scale, a_all, total, n)
             work = out / f"train-steps-{n}"
-            report = train(student, loss_fn, steps_per_round, lr=lr, out_dir=work, save_every=save_every,
-                           seed=seed + n, accumulate=accumulate, frozen=(teacher,), progress=progress,
-                           gradient_checkpointing=gradient_checkpointing, schedule="constant",
-                           desc=f"progressive {2 * n}->{n}")  # fmt: skip
+            report = train(
+                student,
+                loss_fn,
+                steps_per_round,
+                lr=lr,
+                out_dir=work,
+                save_every=save_every,
+                seed=seed + n,
+                accumulate=accumulate,
+                frozen=(teacher,),
+                progress=progress,
+                gradient_checkpointing=gradient_checkpointing,
+                schedule="constant",
+                desc=f"progressive {2 * n}->{n}",
+            )
             sampler = "flow-euler" if flow else "ddim"
-            info = {"method": "progressive", "steps": n, "teacher_steps": 2 * n,
-                    "load_accelerators": f"scheduler(name={sampler},steps={n})", "guidance_baked_in": scale,
-                    "sample_with": {"num_inference_steps": n, "guidance_scale": 1.0}, "train": report}  # fmt: skip
+            info = {
+                "method": "progressive",
+                "steps": n,
+                "teacher_steps": 2 * n,
+                "load_accelerators": f"scheduler(name={sampler},steps={n})",
+                "guidance_baked_in": scale,
+                "sample_with": {"num_inference_steps": n, "guidance_scale": 1.0},
+                "train": report,
+            }
             scheduler = type(fp.pipe.scheduler).from_config(config) if flow else student_scheduler(config)
             save_pipeline(fp, student.cpu(), scheduler, round_dir, info, teacher_dir)
             shutil.move(str(work / "loss.csv"), str(round_dir / "loss.csv"))

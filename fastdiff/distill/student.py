@@ -59,13 +59,19 @@ class DistilledAccelerator(Accelerator):
 
     path: str
     steps: int | None = option(None, ge=1)
-    unvalidated: bool = (
-        False  # allow a step count the student was not measured at (fastdiff.distill.validate)
-    )
+    unvalidated: bool = False  # allow a step count the student was not measured at (fastdiff.distill.validate)
 
     kind = "compress"
-    touches = frozenset({"denoiser.weights", "denoiser.structure", "scheduler", "call.num_inference_steps",
-                         "denoiser.forward", "denoiser.batch"})  # fmt: skip
+    touches = frozenset(
+        {
+            "denoiser.weights",
+            "denoiser.structure",
+            "scheduler",
+            "call.num_inference_steps",
+            "denoiser.forward",
+            "denoiser.batch",
+        }
+    )
     exclusive = frozenset({"denoiser.weights", "denoiser.structure", "scheduler"})
 
     def validate(self) -> None:
@@ -86,9 +92,7 @@ class Student(DistilledAccelerator):
         folder = Path(self.path).expanduser()
         manifest = folder / MANIFEST
         if (folder / "adapter_config.json").is_file():
-            raise AcceleratorError(
-                f"student: {self.path!r} is a LoRA adapter; apply it with lcm-lora(path=...)"
-            )
+            raise AcceleratorError(f"student: {self.path!r} is a LoRA adapter; apply it with lcm-lora(path=...)")
         if not (folder / "model_index.json").is_file() or not manifest.is_file():
             raise AcceleratorError(
                 f"student: {self.path!r} is not a student saved by `fastdiff distill` "
@@ -96,8 +100,10 @@ class Student(DistilledAccelerator):
             )
         info = json.loads(manifest.read_text())
         if info.get("method") not in ("progressive", "consistency", *FIXED_GRID):
-            raise AcceleratorError(f"student: {manifest} does not describe a finished student (method "
-                                   f"{info.get('method')!r}; a run's OUT of progressive holds steps-N students)")  # fmt: skip
+            raise AcceleratorError(
+                f"student: {manifest} does not describe a finished student (method "
+                f"{info.get('method')!r}; a run's OUT of progressive holds steps-N students)"
+            )
         return info
 
     def apply(self, fp: FastPipeline) -> Handle:
@@ -130,17 +136,13 @@ class Student(DistilledAccelerator):
         with all_or_nothing([Handle(restore)]) as handles:
             try:
                 handles.append(fp.set_call_default("num_inference_steps", steps))
-                if (
-                    info.get("method") in FIXED_GRID
-                ):  # its scheduler's timesteps are the ones it was trained on
+                if info.get("method") in FIXED_GRID:  # its scheduler's timesteps are the ones it was trained on
                     trained = int(info.get("steps", steps))
                     if steps != trained:
                         raise ValueError(
                             f"the {info['method']} student at {self.path} was distilled for {trained} steps"
                         )
-                    handles.append(
-                        fp.limit_steps(f"the {info['method']} student at {self.path}", only={trained})
-                    )
+                    handles.append(fp.limit_steps(f"the {info['method']} student at {self.path}", only={trained}))
                 handles.extend(conditional_only(fp, baked_guidance(info)))
             except ValueError as error:  # another accelerator owns that call default
                 raise AcceleratorError(f"student: {error}") from error
@@ -158,9 +160,7 @@ def conditional_only(fp, baked: float) -> list[Handle]:
     hook = CFGIntervalHook(fp.context, 0.0, 0.0)  # an empty window: no step is guided
     handles = [install_hook(fp.denoiser, hook, HOOK_NAME, fp.context)]
     # ungated: a direct call of fp.pipe would guide the guided student again (a silently wrong image)
-    handles.append(
-        install_hook(fp.denoiser, DirectCallGuard(fp.context), GUARD_NAME + f"@{fp.context.owner}")
-    )
+    handles.append(install_hook(fp.denoiser, DirectCallGuard(fp.context), GUARD_NAME + f"@{fp.context.owner}"))
     return handles
 
 
@@ -198,8 +198,9 @@ def _student_weights(den, folder: Path, path: str) -> dict:
         raise AcceleratorError(f"student: {path!r} has no {folder.name}/ weights in safetensors")
     config = json.loads(config_file.read_text())
     if config.get("_class_name") != type(den).__name__:
-        raise AcceleratorError(f"student: {path!r} holds a {config.get('_class_name')}, this pipeline a "
-                               f"{type(den).__name__}")  # fmt: skip
+        raise AcceleratorError(
+            f"student: {path!r} holds a {config.get('_class_name')}, this pipeline a {type(den).__name__}"
+        )
     weights = {}
     for file in files:
         weights.update(load_file(file))
@@ -228,6 +229,7 @@ def _load_scheduler(folder: Path, current, base, path: str):
     scheduler = cls.from_pretrained(folder)
     if hasattr(current, "alphas_cumprod") and hasattr(scheduler, "alphas_cumprod"):
         if not torch.allclose(current.alphas_cumprod.double(), scheduler.alphas_cumprod.double(), atol=1e-6):
-            raise AcceleratorError(f"student: {path!r} was distilled on another noise schedule than this "
-                                   "pipeline's scheduler")  # fmt: skip
+            raise AcceleratorError(
+                f"student: {path!r} was distilled on another noise schedule than this pipeline's scheduler"
+            )
     return scheduler

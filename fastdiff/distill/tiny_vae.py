@@ -50,10 +50,15 @@ def load_vae(model_dir: Path):
 def tiny_config(vae, channels: int, blocks: int) -> dict:
     """An ``AutoencoderTiny`` config with the VAE's latent and image channels and upsampling."""
     levels = len(vae.config.block_out_channels)
-    return {"in_channels": vae.config.in_channels, "out_channels": vae.config.out_channels,
-            "latent_channels": vae.config.latent_channels, "encoder_block_out_channels": (8,) * levels,
-            "num_encoder_blocks": (1,) * levels, "decoder_block_out_channels": (channels,) * levels,
-            "num_decoder_blocks": (blocks,) * (levels - 1) + (1,)}  # fmt: skip
+    return {
+        "in_channels": vae.config.in_channels,
+        "out_channels": vae.config.out_channels,
+        "latent_channels": vae.config.latent_channels,
+        "encoder_block_out_channels": (8,) * levels,
+        "num_encoder_blocks": (1,) * levels,
+        "decoder_block_out_channels": (channels,) * levels,
+        "num_decoder_blocks": (blocks,) * (levels - 1) + (1,),
+    }
 
 
 def _test_images(model_dir: Path) -> torch.Tensor:
@@ -78,9 +83,20 @@ def decoder_psnr(vae, decoder: torch.nn.Module, images: torch.Tensor) -> float:
     return float("inf") if mse == 0 else 10 * float(np.log10(1.0 / mse))
 
 
-def tiny_vae(model_dir, out, *, steps: int = 2000, batch: int = 64, channels: int = 32, blocks: int = 2,
-             lr: float = 1e-3, seed: int = 0, resume: bool = False, save_every: int = 200,
-             progress: bool = True) -> dict:  # fmt: skip
+def tiny_vae(
+    model_dir,
+    out,
+    *,
+    steps: int = 2000,
+    batch: int = 64,
+    channels: int = 32,
+    blocks: int = 2,
+    lr: float = 1e-3,
+    seed: int = 0,
+    resume: bool = False,
+    save_every: int = 200,
+    progress: bool = True,
+) -> dict:
     """Distill a tiny decoder from ``model_dir``'s VAE into ``out``; returns the manifest (see module doc)."""
     from diffusers import AutoencoderTiny
 
@@ -91,8 +107,16 @@ def tiny_vae(model_dir, out, *, steps: int = 2000, batch: int = 64, channels: in
         raise DistillError(
             f"tiny-vae: steps, batch, channels and blocks must be >= 1, got {steps}, {batch}, {channels}, {blocks}"
         )
-    command = {"command": "tiny-vae", "model": str(model_dir.resolve()), "steps": steps, "batch": batch,
-               "channels": channels, "blocks": blocks, "lr": lr, "seed": seed}  # fmt: skip
+    command = {
+        "command": "tiny-vae",
+        "model": str(model_dir.resolve()),
+        "steps": steps,
+        "batch": batch,
+        "channels": channels,
+        "blocks": blocks,
+        "lr": lr,
+        "seed": seed,
+    }
     vae = load_vae(model_dir)
     data = training_data(model_dir)
     if data is None:
@@ -115,13 +139,27 @@ def tiny_vae(model_dir, out, *, steps: int = 2000, batch: int = 64, channels: in
             target = vae.decode(z.to(device)).sample.clamp(-1, 1)
         return torch.nn.functional.mse_loss(model.decoder((z.to(device) - shift) * scale), target)
 
-    report = train(tiny, loss_fn, steps, lr=lr, out_dir=out / "train", resume=resume, save_every=save_every,
-                   seed=seed, progress=progress, frozen=(vae,), desc="tiny-vae")  # fmt: skip
+    report = train(
+        tiny,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out / "train",
+        resume=resume,
+        save_every=save_every,
+        seed=seed,
+        progress=progress,
+        frozen=(vae,),
+        desc="tiny-vae",
+    )
     tiny = tiny.cpu().eval()
     tiny.save_pretrained(out)
     test = _test_images(model_dir)
-    measured = {"psnr_db_vs_vae_decoder": round(decoder_psnr(vae.cpu(), tiny.decoder, test), 2),
-                "test_images": len(test), "decoder_parameters": sum(p.numel() for p in tiny.decoder.parameters()),
-                "vae_decoder_parameters": sum(p.numel() for p in vae.decoder.parameters())}  # fmt: skip
+    measured = {
+        "psnr_db_vs_vae_decoder": round(decoder_psnr(vae.cpu(), tiny.decoder, test), 2),
+        "test_images": len(test),
+        "decoder_parameters": sum(p.numel() for p in tiny.decoder.parameters()),
+        "vae_decoder_parameters": sum(p.numel() for p in vae.decoder.parameters()),
+    }
     finish_run(out, {"train": report, "measured": measured})
     return json.loads((out / MANIFEST).read_text())

@@ -57,9 +57,7 @@ def _summary(row: dict) -> str:
     return f"{row['accuracy']:.1%} accuracy, FD {row['fd']:.2f}"
 
 
-def validate_student(
-    student_dir, teacher_dir, steps: Sequence[int], seed: int = 1, images: int = 500
-) -> dict:
+def validate_student(student_dir, teacher_dir, steps: Sequence[int], seed: int = 1, images: int = 500) -> dict:
     """Measure the student at each of ``steps`` on ``seed``; write ``measured`` and ``validated``; return them."""
     from fastdiff.core.pipeline import FastPipeline
     from fastdiff.core.tensors import pixels
@@ -79,17 +77,11 @@ def validate_student(
     evaluator = quality_for(fp.pipe) if has_eval else None
     guidance = float(info.get("guidance_baked_in") or (info.get("guidance_range") or [1.0])[-1])
     call = dict(make_inputs(fp.pipe, images if evaluator else 2, guidance), output_type="np")
-    if "guidance_scale" in call and "guidance_scale" in info.get(
-        "sample_with", {}
-    ):  # guidance baked in: call at 1
+    if "guidance_scale" in call and "guidance_scale" in info.get("sample_with", {}):  # guidance baked in: call at 1
         call["guidance_scale"] = info["sample_with"]["guidance_scale"]
     measured = {}
     for n in steps:
-        handle = (
-            fp.accelerate(f"lcm-lora(path={folder.resolve()},steps={n},unvalidated=true)")
-            if adapter
-            else None
-        )
+        handle = fp.accelerate(f"lcm-lora(path={folder.resolve()},steps={n},unvalidated=true)") if adapter else None
         try:
             out = pixels(fp(**call, num_inference_steps=n, generator=torch.Generator().manual_seed(seed)))
         finally:
@@ -112,7 +104,11 @@ def validate_student(
         best = max(r["accuracy"] for r in usable.values())
         usable = {n: r for n, r in usable.items() if r["accuracy"] >= best - WITHIN_POINTS / 100}
     info.update(measured=measured, validated=sorted(int(n) for n in usable))
-    info["validation"] = {"seed": seed, "rule": f"finite, and within {WITHIN_POINTS:g} accuracy points of the "
-                          "best count" if scored else "finite output (the model has no quality evaluator)"}  # fmt: skip
+    info["validation"] = {
+        "seed": seed,
+        "rule": f"finite, and within {WITHIN_POINTS:g} accuracy points of the best count"
+        if scored
+        else "finite output (the model has no quality evaluator)",
+    }
     manifest.write_text(json.dumps(info, indent=2, default=str))
     return {"measured": measured, "validated": info["validated"]}

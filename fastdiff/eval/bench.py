@@ -103,10 +103,23 @@ def run_bench(
         for name, specs in configs:
             check_load(max_load, own_threads=torch.get_num_threads())
             bar.set_postfix_str(name if rounds == 1 else f"{name} (round {round_index + 1}/{rounds})")
-            measured = _measure(pipes.get(name, fp), name, specs, inputs, steps, seed, per_round, warmup, devices, threads, bar,
-                                evaluator if round_index == 0 else None)  # fmt: skip
-            row = rows.setdefault(name, {"name": name, "specs": specs, "seconds": [], "cpu_seconds": [],
-                                         "peak_rss_mb": 0.0})  # fmt: skip
+            measured = _measure(
+                pipes.get(name, fp),
+                name,
+                specs,
+                inputs,
+                steps,
+                seed,
+                per_round,
+                warmup,
+                devices,
+                threads,
+                bar,
+                evaluator if round_index == 0 else None,
+            )
+            row = rows.setdefault(
+                name, {"name": name, "specs": specs, "seconds": [], "cpu_seconds": [], "peak_rss_mb": 0.0}
+            )
             row["seconds"] += measured.pop("seconds")
             row["cpu_seconds"] += measured.pop("cpu_seconds")
             row["peak_rss_mb"] = round(max(row["peak_rss_mb"], measured.pop("peak_rss_mb")), 1)
@@ -120,9 +133,7 @@ def run_bench(
     for name, _ in configs:
         row, images = rows[name], images_of[name]
         if image_dir:
-            save_grid(
-                images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1])
-            )
+            save_grid(images[:100], Path(image_dir) / f"{_slug(name)}.png", scale=max(1, 128 // images.shape[1]))
         row["psnr"], row["ssim"] = (
             (None, None) if reference is None else (psnr(images, reference), ssim(images, reference))
         )
@@ -132,12 +143,22 @@ def run_bench(
     out = {
         "model": str(getattr(fp.pipe, "name_or_path", "")),
         "pipeline": type(fp.pipe).__name__,
-        "settings": {"steps": steps, "runs": runs, "warmup": warmup, "seed": seed, "threads": torch.get_num_threads(),
-                     "devices": devices, "alternate": alternate, "max_load": max_load, "processes": _layout(devices),
-                     "inputs": {k: v for k, v in inputs.items() if k != "prompt"}, "batch": _batch(inputs)},
+        "settings": {
+            "steps": steps,
+            "runs": runs,
+            "warmup": warmup,
+            "seed": seed,
+            "threads": torch.get_num_threads(),
+            "devices": devices,
+            "alternate": alternate,
+            "max_load": max_load,
+            "processes": _layout(devices),
+            "inputs": {k: v for k, v in inputs.items() if k != "prompt"},
+            "batch": _batch(inputs),
+        },
         "configs": results,
         **provenance(load_start=load_start),
-    }  # fmt: skip
+    }
     if json_path:
         write_record(json_path, out, benchmark="fastdiff bench")
     return out
@@ -156,9 +177,16 @@ def _measure(fp, name, specs, inputs, steps, seed, runs, warmup, devices, thread
             from fastdiff.parallel.run import bench_parallel
 
             seconds, images, rss, cpu_seconds, nfe = bench_parallel(  # steps unless the specs set them
-                fp.pipe.name_or_path, specs, dict(inputs, output_type="np"), devices, runs, seed, warmup,
-                threads or 1, steps,
-            )  # fmt: skip
+                fp.pipe.name_or_path,
+                specs,
+                dict(inputs, output_type="np"),
+                devices,
+                runs,
+                seed,
+                warmup,
+                threads or 1,
+                steps,
+            )
             bar.update(runs + int(warmup))
         else:
 
@@ -168,8 +196,13 @@ def _measure(fp, name, specs, inputs, steps, seed, runs, warmup, devices, thread
             seconds, output, rss, cpu_seconds = time_runs(once, runs, on_run=bar.update, warmup=warmup)
             bar.update(int(warmup))
             images, nfe = np.asarray(pixels(output)), fp.context.nfe
-        row = {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": rss, "images": images,
-               "denoiser_calls": nfe}  # fmt: skip
+        row = {
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "peak_rss_mb": rss,
+            "images": images,
+            "denoiser_calls": nfe,
+        }
         if evaluator is not None:
             row.update(evaluator(fp.pipe, call, images, seed))
         return row
@@ -202,14 +235,15 @@ def spread(row: dict, base: dict) -> dict:
     return out
 
 
-def ratio_spread(
-    mine: list[float], theirs: list[float], prefix: str = "speedup", baseline: bool = False
-) -> dict:
+def ratio_spread(mine: list[float], theirs: list[float], prefix: str = "speedup", baseline: bool = False) -> dict:
     """``theirs`` / ``mine`` run times as ``prefix`` (median ratio), ``prefix_min`` / ``_max`` (ratios of runs of
     the same round) and ``prefix_verdict``: "faster", "slower", or "level" where the runs overlap (>= 3 each)."""
     paired = [b / m for b, m in zip(theirs, mine)]
-    out = {prefix: statistics.median(theirs) / statistics.median(mine),
-           f"{prefix}_min": min(paired), f"{prefix}_max": max(paired)}  # fmt: skip
+    out = {
+        prefix: statistics.median(theirs) / statistics.median(mine),
+        f"{prefix}_min": min(paired),
+        f"{prefix}_max": max(paired),
+    }
     if baseline:
         out[f"{prefix}_verdict"] = "baseline"
     elif min(len(mine), len(theirs)) < 3:
@@ -226,9 +260,7 @@ def _layout(devices: int) -> str:
     threads = torch.get_num_threads()
     if devices <= 1:
         return f"1 process x {threads} thread(s)"
-    return (
-        f"{devices} processes x {threads} thread(s) for parallel(...) configs vs 1 x {threads} for the others"
-    )
+    return f"{devices} processes x {threads} thread(s) for parallel(...) configs vs 1 x {threads} for the others"
 
 
 def _slug(name: str) -> str:
@@ -254,8 +286,19 @@ def format_table(result: dict) -> str:
         "psnr",
         "ssim",
     ]
-    skip = {"specs", "seconds", "cpu_seconds", "cpu_seconds_median", "seconds_min", "seconds_max", "cpu_seconds_min",
-            "cpu_seconds_max", "cpu_speedup_min", "cpu_speedup_max", "cpu_speedup_verdict"}  # fmt: skip
+    skip = {
+        "specs",
+        "seconds",
+        "cpu_seconds",
+        "cpu_seconds_median",
+        "seconds_min",
+        "seconds_max",
+        "cpu_seconds_min",
+        "cpu_seconds_max",
+        "cpu_speedup_min",
+        "cpu_speedup_max",
+        "cpu_speedup_verdict",
+    }
     extra = sorted({k for row in result["configs"] for k in row} - set(base) - skip)
     cols = base + extra
     rows = [[_fmt(row.get(c)) for c in cols] for row in result["configs"]]

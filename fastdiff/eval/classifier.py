@@ -43,16 +43,25 @@ class DigitClassifier(nn.Module):
         }
         w = width
         self.body = nn.Sequential(
-            nn.Conv2d(1, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),
-            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),
+            nn.Conv2d(1, w, 3, padding=1),
+            nn.BatchNorm2d(w),
+            nn.ReLU(),
+            nn.Conv2d(w, w, 3, padding=1),
+            nn.BatchNorm2d(w),
+            nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
-            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
+            nn.Conv2d(w, 2 * w, 3, padding=1),
+            nn.BatchNorm2d(2 * w),
+            nn.ReLU(),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1),
+            nn.BatchNorm2d(2 * w),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d(4),
             nn.Flatten(),
             nn.Dropout(dropout),
-            nn.Linear(2 * w * 16, feature_dim), nn.ReLU(),
-        )  # fmt: skip
+            nn.Linear(2 * w * 16, feature_dim),
+            nn.ReLU(),
+        )
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(feature_dim, num_classes))
 
     def features(self, images: torch.Tensor) -> torch.Tensor:

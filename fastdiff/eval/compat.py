@@ -132,14 +132,10 @@ def module_state(pipe) -> dict:
             entry = {}
             for key, value in module.__dict__.items():
                 if key in ("_parameters", "_buffers"):
-                    entry[key] = {
-                        n: None if t is None else (t.dtype, t.detach().clone()) for n, t in value.items()
-                    }
+                    entry[key] = {n: None if t is None else (t.dtype, t.detach().clone()) for n, t in value.items()}
                 elif key == "_modules":
                     entry[key] = {n: id(m) for n, m in value.items()}
-                elif (
-                    key == REGISTRY_ATTRIBUTE
-                ):  # hook names; the chained forward is rebuilt as hooks come and go
+                elif key == REGISTRY_ATTRIBUTE:  # hook names; the chained forward is rebuilt as hooks come and go
                     entry[key] = ("hooks", tuple(hook_names(value)))
                 elif key == "forward" and REGISTRY_ATTRIBUTE in module.__dict__:
                     entry[key] = ("hook chain",)
@@ -161,9 +157,7 @@ def _describe(value):
 
 def state_differences(before: dict, after: dict) -> list[str]:
     """Where two ``module_state`` snapshots differ (empty when the pipeline is exactly as it was)."""
-    out = [f"{k}: added" for k in after if k not in before] + [
-        f"{k}: removed" for k in before if k not in after
-    ]
+    out = [f"{k}: added" for k in after if k not in before] + [f"{k}: removed" for k in before if k not in after]
     for key in before.keys() & after.keys():
         a, b = before[key], after[key]
         if not isinstance(a, dict):
@@ -175,8 +169,7 @@ def state_differences(before: dict, after: dict) -> list[str]:
                 out.append(f"{key}.{attr}: {'added' if attr in b else 'removed'}")
             elif attr in ("_parameters", "_buffers"):
                 if a[attr].keys() != b[attr].keys() or any(
-                    (x is None) != (y is None)
-                    or (x is not None and (x[0] != y[0] or not torch.equal(x[1], y[1])))
+                    (x is None) != (y is None) or (x is not None and (x[0] != y[0] or not torch.equal(x[1], y[1])))
                     for x, y in ((a[attr][n], b[attr][n]) for n in a[attr])
                 ):
                     out.append(f"{key}.{attr}: values differ")
@@ -208,10 +201,7 @@ def _callback_args(pipe) -> dict | None:
         for n in ("prompt_embeds", "add_text_embeds", "add_time_ids")
         if n in getattr(pipe, "_callback_tensor_inputs", ())
     ]
-    if (
-        "callback_on_step_end" not in inspect.signature(pipe.__call__).parameters
-        or "prompt_embeds" not in names
-    ):
+    if "callback_on_step_end" not in inspect.signature(pipe.__call__).parameters or "prompt_embeds" not in names:
         return None
     return {"callback_on_step_end": _guidance_off, "callback_on_step_end_tensor_inputs": names}
 
@@ -270,9 +260,7 @@ def _run_cell(cell: Cell, fp: FastPipeline, pipe, twin, config, habits, base) ->
     except (AcceleratorError, UnsupportedModelError) as error:
         cell.status, message = "refused", str(error)
         cell.notes.append(message)
-        cell.check(
-            config.spec_name in message and type(pipe).__name__ in message, f"unclear refusal: {message}"
-        )
+        cell.check(config.spec_name in message and type(pipe).__name__ in message, f"unclear refusal: {message}")
         cell.check(not state_differences(before, module_state(pipe)), "a refusal changed the pipeline")
         cell.check(np.array_equal(_call(fp, pipe), base), "output changed after a refusal")
         return
@@ -297,9 +285,7 @@ def _direct_call(cell: Cell, pipe, base, accelerated) -> None:
     if np.array_equal(direct, base):
         cell.notes.append("direct call: plain output")
         return
-    cell.check(
-        np.array_equal(direct, accelerated), "direct call gave neither the plain nor the accelerated output"
-    )
+    cell.check(np.array_equal(direct, accelerated), "direct call gave neither the plain nor the accelerated output")
     cell.notes.append("direct call: accelerated")
 
 

@@ -65,9 +65,7 @@ def paired_fd_bootstrap(image_sets: dict[str, np.ndarray], ref, resamples: int =
     }
 
 
-def difference_interval(
-    samples_a: np.ndarray, samples_b: np.ndarray, level: float = 0.95
-) -> tuple[float, float]:
+def difference_interval(samples_a: np.ndarray, samples_b: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """Percentile interval of FD(a) - FD(b) over paired bootstrap samples (same resamples for both)."""
     if len(samples_a) != len(samples_b):
         raise ValueError(f"paired samples differ in length: {len(samples_a)} vs {len(samples_b)}")

@@ -24,9 +24,7 @@ def _as_nchw(images, name: str) -> torch.Tensor:
     if x.ndim == 5:  # video pipelines' output.frames: every frame counts as an image
         x = x.flatten(0, 1)
     if x.ndim != 4:
-        raise ValueError(
-            f"{name} must be (N,H,W,C), (N,H,W) or clips (N,F,H,W,C), got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name} must be (N,H,W,C), (N,H,W) or clips (N,F,H,W,C), got shape {tuple(x.shape)}")
     return x.permute(0, 3, 1, 2)
 
 

@@ -44,9 +44,7 @@ def matched_draw(wanted: np.ndarray, pool: np.ndarray, rng: np.random.Generator)
     wanted, pool = np.asarray(wanted), np.asarray(pool)
     missing = sorted(set(wanted.tolist()) - set(pool.tolist()))
     if missing:
-        raise ValueError(
-            f"no real item of class {missing} to match; the pool holds {sorted(set(pool.tolist()))}"
-        )
+        raise ValueError(f"no real item of class {missing} to match; the pool holds {sorted(set(pool.tolist()))}")
     out, distinct = np.empty(len(wanted), dtype=np.int64), True
     for key in np.unique(wanted):
         where, choices = np.flatnonzero(wanted == key), np.flatnonzero(pool == key)
@@ -60,8 +58,14 @@ def _flat(features: torch.Tensor) -> torch.Tensor:
     return features.reshape(-1, features.shape[-1])
 
 
-def ratio_to_floor(gen: torch.Tensor, real_draws: list[torch.Tensor], test: torch.Tensor,
-                   resamples: int = RATIO_RESAMPLES, seed: int = 0, level: float = 0.95) -> dict:  # fmt: skip
+def ratio_to_floor(
+    gen: torch.Tensor,
+    real_draws: list[torch.Tensor],
+    test: torch.Tensor,
+    resamples: int = RATIO_RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
     """FD of ``gen`` and of each real draw against ``test``, the floor (median over draws) and the ratio with its
     paired-bootstrap interval.
 
@@ -73,18 +77,23 @@ def ratio_to_floor(gen: torch.Tensor, real_draws: list[torch.Tensor], test: torc
     gen = gen[:, None] if gen.ndim == 2 else gen
     draws = [d[:, None] if d.ndim == 2 else d for d in real_draws]
     if any(d.shape[:2] != gen.shape[:2] for d in draws) or len(gen) < 2:
-        raise ValueError(f"each real draw must match the generated items {tuple(gen.shape[:2])}, got "
-                         f"{[tuple(d.shape[:2]) for d in draws]}")  # fmt: skip
+        raise ValueError(
+            f"each real draw must match the generated items {tuple(gen.shape[:2])}, got "
+            f"{[tuple(d.shape[:2]) for d in draws]}"
+        )
     if not isinstance(resamples, int) or resamples < 2:
         raise ValueError(f"resamples must be an integer >= 2, got {resamples!r}")
     mean, cov = test.mean(0), torch.cov(test.T)
     fd_gen = _fd(_flat(gen), mean, cov)
     floors = [_fd(_flat(d), mean, cov) for d in draws]
     picks = np.random.default_rng(seed).integers(0, len(gen), size=(resamples, len(gen)))
-    ratios = np.array([
-        _fd(_flat(gen[torch.as_tensor(p)]), mean, cov) / _fd(_flat(draws[r % len(draws)][torch.as_tensor(p)]), mean, cov)
-        for r, p in enumerate(picks)
-    ])  # fmt: skip
+    ratios = np.array(
+        [
+            _fd(_flat(gen[torch.as_tensor(p)]), mean, cov)
+            / _fd(_flat(draws[r % len(draws)][torch.as_tensor(p)]), mean, cov)
+            for r, p in enumerate(picks)
+        ]
+    )
     floor = float(np.median(floors))
     tail = (1 - level) / 2 * 100
     # resampling with replacement repeats items, which lowers diversity and moves FD itself (more for the more

@@ -33,9 +33,7 @@ def make_grid(images: np.ndarray, columns: int = 10, pad: int = 1, scale: int = 
     canvas = np.full((rows * (h + pad) + pad, columns * (w + pad) + pad, 3), 255, np.uint8)
     for i, img in enumerate(pixels):
         r, c = divmod(i, columns)
-        canvas[
-            pad + r * (h + pad) : pad + r * (h + pad) + h, pad + c * (w + pad) : pad + c * (w + pad) + w
-        ] = img
+        canvas[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + c * (w + pad) : pad + c * (w + pad) + w] = img
     grid = Image.fromarray(canvas)
     return grid.resize((grid.width * scale, grid.height * scale), Image.NEAREST) if scale > 1 else grid
 

@@ -43,15 +43,11 @@ class _Timer(ModelHook):
 
 def _components(fp) -> dict[str, list[torch.nn.Module]]:
     pipe = fp.pipe
-    parts = {
-        "text encoder": [getattr(pipe, a) for a in TEXT_ENCODER_ATTRS if getattr(pipe, a, None) is not None]
-    }
+    parts = {"text encoder": [getattr(pipe, a) for a in TEXT_ENCODER_ATTRS if getattr(pipe, a, None) is not None]}
     parts["denoiser"] = [fp.denoiser]
     vae = getattr(pipe, "vae", None)
     if vae is not None:
-        parts["vae"] = [
-            m for m in (getattr(vae, "decoder", None), getattr(vae, "post_quant_conv", None)) if m
-        ]
+        parts["vae"] = [m for m in (getattr(vae, "decoder", None), getattr(vae, "post_quant_conv", None)) if m]
     return {k: v for k, v in parts.items() if v}
 
 

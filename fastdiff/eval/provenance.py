@@ -80,13 +80,16 @@ def git_commit(directory: str | Path | None = None) -> str:
     """HEAD of the checkout holding this package (``-dirty`` when tracked files differ); "unknown" outside git."""
     where = str(directory or Path(__file__).resolve().parent)
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
-        )
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty else "")
@@ -136,5 +139,16 @@ def with_provenance(result, max_load: float | None = None):
     return {**record, **result}
 
 
-__all__ = ["PROVENANCE_KEYS", "MAX_LOAD_ENV", "LoadError", "load_average", "env_max_load", "check_load",
-           "command_line", "git_commit", "device_name", "provenance", "with_provenance"]  # fmt: skip
+__all__ = [
+    "PROVENANCE_KEYS",
+    "MAX_LOAD_ENV",
+    "LoadError",
+    "load_average",
+    "env_max_load",
+    "check_load",
+    "command_line",
+    "git_commit",
+    "device_name",
+    "provenance",
+    "with_provenance",
+]

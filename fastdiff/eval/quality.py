@@ -120,9 +120,7 @@ class ReferenceEval:
             self._test_features = classifier_features(self.x_test, self.classifier)
         return self._test_features
 
-    def matched_floor_draws(
-        self, labels, seed: int = 0, draws: int = FLOOR_DRAWS
-    ) -> tuple[list[torch.Tensor], bool]:
+    def matched_floor_draws(self, labels, seed: int = 0, draws: int = FLOOR_DRAWS) -> tuple[list[torch.Tensor], bool]:
         """Features of ``draws`` like-for-like real samples for generated ``labels`` (one distinct train image of
         the same digit per generated image), cached; and whether every draw's images are distinct."""
         labels = np.asarray(labels).reshape(-1)
@@ -136,9 +134,7 @@ class ReferenceEval:
     def floor_stats(self, images, labels, seed: int = 0) -> dict:
         """FD floor of a like-for-like real sample of ``labels`` and the ratio FD / floor with its interval."""
         draws, distinct = self.matched_floor_draws(labels, seed)
-        stats = ratio_to_floor(
-            classifier_features(images, self.classifier), draws, self.test_features(), seed=seed
-        )
+        stats = ratio_to_floor(classifier_features(images, self.classifier), draws, self.test_features(), seed=seed)
         stats.pop("fd_gen_features")
         return {**stats, "fd_floor_distinct": distinct}
 
@@ -152,14 +148,10 @@ def load_reference_eval(directory: str | Path) -> ReferenceEval:
     if directory not in _CACHE:
         split_path = directory / "eval" / "split.npz"
         if not split_path.is_file():
-            raise FileNotFoundError(
-                f"no split at {split_path}; is {directory} a digits build (fastdiff.zoo)?"
-            )
+            raise FileNotFoundError(f"no split at {split_path}; is {directory} a digits build (fastdiff.zoo)?")
         with np.load(split_path) as split:
             arrays = {k: split[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        _CACHE[directory] = ReferenceEval(
-            directory, load_classifier(directory / "eval" / "classifier.pt"), **arrays
-        )
+        _CACHE[directory] = ReferenceEval(directory, load_classifier(directory / "eval" / "classifier.pt"), **arrays)
     return _CACHE[directory]
 
 

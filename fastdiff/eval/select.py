@@ -41,9 +41,15 @@ def lowest_fd_meeting(minimums: dict[str, float]) -> Rule:
     return rule
 
 
-def select_then_report(evaluate: Callable[[Any, int], dict], candidates: Sequence, selection_seeds: Iterable[int],
-                       report_seeds: Iterable[int], rule: Rule, also_report: Sequence = (),
-                       on_row: Callable[[str, dict], None] | None = None) -> dict:  # fmt: skip
+def select_then_report(
+    evaluate: Callable[[Any, int], dict],
+    candidates: Sequence,
+    selection_seeds: Iterable[int],
+    report_seeds: Iterable[int],
+    rule: Rule,
+    also_report: Sequence = (),
+    on_row: Callable[[str, dict], None] | None = None,
+) -> dict:
     """Run ``evaluate(value, seed)`` for every candidate on the selection seeds, pick with ``rule``, then run the
     pick (and ``also_report``, e.g. the pipeline's own default) on the report seeds. ``on_row(phase, row)`` sees
     each row as it comes (to print it or save partial results)."""
@@ -91,24 +97,28 @@ def target_verdict(row: dict, minimums: dict[str, float], fd_ratio_max: float) -
         verdict = "missed"
     else:
         verdict = "met" if high <= fd_ratio_max else "undecided"
-    return {"verdict": verdict, "below_minimum": short, "fd_ratio": [row["fd_ratio"], low, high],
-            "fd_ratio_max": fd_ratio_max, **{f"{k}_min": m for k, m in minimums.items()}}  # fmt: skip
+    return {
+        "verdict": verdict,
+        "below_minimum": short,
+        "fd_ratio": [row["fd_ratio"], low, high],
+        "fd_ratio_max": fd_ratio_max,
+        **{f"{k}_min": m for k, m in minimums.items()},
+    }
 
 
 def add_selection_arguments(parser, candidates: list[float], also: list[float], n: int) -> None:
     """The ``select`` subcommand's options that every reference shares (its model, steps and threads aside)."""
     parser.add_argument("--guidance", type=float, nargs="+", default=candidates, help="the candidates")
-    parser.add_argument(
-        "--also", type=float, nargs="*", default=also, help="also reported on the report seeds"
-    )
+    parser.add_argument("--also", type=float, nargs="*", default=also, help="also reported on the report seeds")
     parser.add_argument("--selection-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--report-seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--n", type=int, default=n, help="images or clips per seeded call")
     parser.add_argument("--json", required=True, help="the results file (rewritten after each row)")
 
 
-def select_guidance(evaluate: Callable[[float, int], dict], args, header: dict, minimums: dict[str, float],
-                    fd_ratio_max: float) -> dict:  # fmt: skip
+def select_guidance(
+    evaluate: Callable[[float, int], dict], args, header: dict, minimums: dict[str, float], fd_ratio_max: float
+) -> dict:
     """A reference's ``select`` command: the guidance with the lowest FD among those meeting ``minimums`` on
     ``args.selection_seeds``, then it and ``args.also`` on ``args.report_seeds`` with the target's verdicts;
     ``header`` (model, pipeline, target, ...) heads the results file ``args.json``, saved after every row with
@@ -129,12 +139,20 @@ def select_guidance(evaluate: Callable[[float, int], dict], args, header: dict, 
         print(json.dumps({"phase": phase, **row}), flush=True)
         save({"partial": partial})
 
-    record = select_then_report(evaluate, args.guidance, args.selection_seeds, args.report_seeds,
-                                lowest_fd_meeting(minimums), args.also, on_row)  # fmt: skip
-    verdicts = [{"guidance": r["guidance"], "seed": r["seed"], **target_verdict(r, minimums, fd_ratio_max)}
-                for r in record["report"]]  # fmt: skip
+    record = select_then_report(
+        evaluate,
+        args.guidance,
+        args.selection_seeds,
+        args.report_seeds,
+        lowest_fd_meeting(minimums),
+        args.also,
+        on_row,
+    )
+    verdicts = [
+        {"guidance": r["guidance"], "seed": r["seed"], **target_verdict(r, minimums, fd_ratio_max)}
+        for r in record["report"]
+    ]
     return save({"selection": record, "report_verdicts": verdicts})
 
 
-__all__ = ["lowest_fd_meeting", "select_then_report", "target_verdict", "add_selection_arguments",
-           "select_guidance"]  # fmt: skip
+__all__ = ["lowest_fd_meeting", "select_then_report", "target_verdict", "add_selection_arguments", "select_guidance"]

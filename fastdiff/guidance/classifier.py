@@ -86,9 +86,7 @@ def schedule_key(config) -> tuple:
     )
 
 
-def prediction_shift(
-    grad: torch.Tensor, scale: float, alpha_bar: float, prediction_type: str
-) -> torch.Tensor:
+def prediction_shift(grad: torch.Tensor, scale: float, alpha_bar: float, prediction_type: str) -> torch.Tensor:
     """Change of the denoiser's prediction that adds ``scale * grad`` (grad of log p(y|x_t)) to the score."""
     sigma, root = math.sqrt(1.0 - alpha_bar), math.sqrt(alpha_bar)
     eps_shift = -scale * sigma * grad
@@ -149,18 +147,14 @@ class ClassifierGuidanceHook(ModelHook):
             return output
         sample = _get_arg(args, kwargs, 0, ("sample", "hidden_states"))
         batch, branches = sample.shape[0], ctx.branches
-        chunks = (
-            len(branches) if len(branches) > 1 and "cond" in branches and batch % len(branches) == 0 else 1
-        )
+        chunks = len(branches) if len(branches) > 1 and "cond" in branches and batch % len(branches) == 0 else 1
         size = batch // chunks
         lo = branches.index("cond") * size if chunks > 1 else 0
         x = sample[lo : lo + size]
         y = self._labels(labels, lo, size, batch, x.device)
         grad = self.gradient(x, y, ctx.timestep)
         schedule = self._noise_schedule()
-        shift = prediction_shift(
-            grad, config.scale, schedule.alpha_bar(ctx.timestep), schedule.prediction_type
-        )
+        shift = prediction_shift(grad, config.scale, schedule.alpha_bar(ctx.timestep), schedule.prediction_type)
         prediction, rebuild = _first_tensor(output)
         shift = torch.cat([shift] * chunks).to(prediction.dtype)
         channels = sample.shape[1]  # learned-variance models (DiT) output [prediction, variance]

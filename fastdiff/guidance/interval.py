@@ -133,6 +133,4 @@ class CFGInterval(Accelerator):
                 f"cfg-interval needs a pipeline with classifier-free guidance; {type(fp.pipe).__name__} has "
                 f"none (supported: {', '.join(guided)})"
             )
-        return install_hook(
-            fp.denoiser, CFGIntervalHook(fp.context, self.start, self.end), HOOK_NAME, fp.context
-        )
+        return install_hook(fp.denoiser, CFGIntervalHook(fp.context, self.start, self.end), HOOK_NAME, fp.context)

@@ -36,8 +36,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 # Scheduler config keys that fix the noise levels a classifier was trained on.
-SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas",
-                 "rescale_betas_zero_snr")  # fmt: skip
+SCHEDULE_KEYS = (
+    "num_train_timesteps",
+    "beta_start",
+    "beta_end",
+    "beta_schedule",
+    "trained_betas",
+    "rescale_betas_zero_snr",
+)
 
 
 class NoisyClassifierError(ValueError):
@@ -50,20 +56,30 @@ class NoisyClassifier(nn.Module):
     Input: (N, C, H, W) noisy samples in the model space and (N,) or scalar timesteps; output: logits.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, widths: tuple[int, ...] = (16, 32, 64),
-                 groups: int = 8, sample_size: int = 16):  # fmt: skip
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        widths: tuple[int, ...] = (16, 32, 64),
+        groups: int = 8,
+        sample_size: int = 16,
+    ):
         super().__init__()
         widths = tuple(widths)
-        self.config = {"in_channels": in_channels, "num_classes": num_classes, "widths": list(widths),
-                       "groups": groups, "sample_size": sample_size}  # fmt: skip
+        self.config = {
+            "in_channels": in_channels,
+            "num_classes": num_classes,
+            "widths": list(widths),
+            "groups": groups,
+            "sample_size": sample_size,
+        }
         temb = 4 * widths[0]
         self.time_proj = Timesteps(widths[0], flip_sin_to_cos=True, downscale_freq_shift=0)
         self.time_embedding = TimestepEmbedding(widths[0], temb)
         self.conv_in = nn.Conv2d(in_channels, widths[0], 3, padding=1)
         blocks, downs, channels = [], [], widths[0]
         for i, width in enumerate(widths):
-            blocks.append(ResnetBlock2D(in_channels=channels, out_channels=width, temb_channels=temb,
-                                        groups=groups))  # fmt: skip
+            blocks.append(ResnetBlock2D(in_channels=channels, out_channels=width, temb_channels=temb, groups=groups))
             last = i == len(widths) - 1
             downs.append(nn.Identity() if last else Downsample2D(width, use_conv=True))
             channels = width
@@ -162,18 +178,31 @@ def train_noisy_classifier(
         optimizer.zero_grad()
         losses.append(loss.item())
     model = accelerator.unwrap_model(model).cpu().eval().requires_grad_(False)
-    report = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "widths": list(widths),
-              "train_seconds": round(time.perf_counter() - start, 1),
-              "final_loss": round(float(np.mean(losses[-50:])), 4), "train_size": len(x),
-              "schedule": schedule_of(noise_scheduler.config)}  # fmt: skip
+    report = {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "widths": list(widths),
+        "train_seconds": round(time.perf_counter() - start, 1),
+        "final_loss": round(float(np.mean(losses[-50:])), 4),
+        "train_size": len(x),
+        "schedule": schedule_of(noise_scheduler.config),
+    }
     if x_test is not None and y_test is not None:
         report["test_accuracy_by_t"] = accuracy_by_timestep(model, x_test, y_test, scheduler_config, seed)
     return model, report
 
 
 @torch.no_grad()
-def accuracy_by_timestep(model: NoisyClassifier, images: np.ndarray, labels: np.ndarray, scheduler_config,
-                         seed: int = 0, timesteps=(0, 100, 250, 500, 750, 900, 999)) -> dict[str, float]:  # fmt: skip
+def accuracy_by_timestep(
+    model: NoisyClassifier,
+    images: np.ndarray,
+    labels: np.ndarray,
+    scheduler_config,
+    seed: int = 0,
+    timesteps=(0, 100, 250, 500, 750, 900, 999),
+) -> dict[str, float]:
     """Accuracy on images in [0, 1] noised to each timestep (one seeded noise draw per timestep).
 
     Example::
@@ -196,8 +225,15 @@ def save_noisy_classifier(model: NoisyClassifier, path: str | Path, report: dict
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"kind": "fastdiff-noisy-classifier", "config": model.config, "report": report,
-                "state_dict": model.state_dict()}, tmp)  # fmt: skip
+    torch.save(
+        {
+            "kind": "fastdiff-noisy-classifier",
+            "config": model.config,
+            "report": report,
+            "state_dict": model.state_dict(),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
     return path
 
@@ -225,6 +261,14 @@ def load_noisy_classifier(path: str | Path) -> tuple[NoisyClassifier, dict]:
 
 
 __all__ = [
-    "NoisyClassifier", "NoisyClassifierError", "SCHEDULE_KEYS", "schedule_of", "alphas_cumprod", "same_schedule", "train_noisy_classifier",
-    "accuracy_by_timestep", "save_noisy_classifier", "load_noisy_classifier",
-]  # fmt: skip
+    "NoisyClassifier",
+    "NoisyClassifierError",
+    "SCHEDULE_KEYS",
+    "schedule_of",
+    "alphas_cumprod",
+    "same_schedule",
+    "train_noisy_classifier",
+    "accuracy_by_timestep",
+    "save_noisy_classifier",
+    "load_noisy_classifier",
+]

@@ -93,14 +93,16 @@ class ParallelAsync(ParallelConfig):
     def validate(self) -> None:
         each, where = self.branches, f"parallel(mode={self.mode})"
         if self.stages is not None and self.stages * each != self.devices:
-            raise AcceleratorError(f"{where}: devices must be {each * self.stages} (stages={self.stages}"
-                                   f"{' x 2 guidance branches' * (each > 1)}), got {self.devices}")  # fmt: skip
+            raise AcceleratorError(
+                f"{where}: devices must be {each * self.stages} (stages={self.stages}"
+                f"{' x 2 guidance branches' * (each > 1)}), got {self.devices}"
+            )
         if self.devices % each:
-            raise AcceleratorError(f"{where}: devices must be even (2 guidance branches x stages), got "
-                                   f"{self.devices}")  # fmt: skip
+            raise AcceleratorError(f"{where}: devices must be even (2 guidance branches x stages), got {self.devices}")
         if self.stage_count() < 2:
-            raise AcceleratorError(f"{where} needs at least 2 stages: devices must be >= {2 * each}, got "
-                                   f"{self.devices}")  # fmt: skip
+            raise AcceleratorError(
+                f"{where} needs at least 2 stages: devices must be >= {2 * each}, got {self.devices}"
+            )
 
     def stage_count(self) -> int:
         return self.stages or self.devices // self.branches
@@ -230,14 +232,14 @@ def install_async(fp, config: ParallelAsync, stage: int, ranks: list[int], group
     of the stages, in ``group``)."""
     stages, units = config.stage_count(), stage_units(fp.denoiser)
     if len(units) < stages:
-        raise AcceleratorError(f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
-                               f"split, fewer than stages={stages}")  # fmt: skip
+        raise AcceleratorError(
+            f"parallel(mode=async): {type(fp.denoiser).__name__} has {len(units)} layers to "
+            f"split, fewer than stages={stages}"
+        )
     state = AsyncState(fp.context, config, stage, ranks, group)
     hooks = [(module, StageUnitHook(state, name)) for name, module in units.items()]
     hooks += [
-        (module, BlockReadHook(state, name))
-        for name, module in _blocks(fp.denoiser).items()
-        if name not in units
+        (module, BlockReadHook(state, name)) for name, module in _blocks(fp.denoiser).items() if name not in units
     ]
     group_handle = install_hooks(hooks + [(fp.denoiser, AsyncDenoiserHook(state))], HOOK_NAME, fp.context)
     group_handle.info.update(state=state)

@@ -189,9 +189,7 @@ class Plan:
         """The balanced cut for per-unit ``costs``: whole units, then one unit's rows per boundary."""
         order = trace.order
         if len(order) < stages:
-            raise AcceleratorError(
-                f"parallel(mode=async): {len(order)} layers ran, fewer than stages={stages}"
-            )
+            raise AcceleratorError(f"parallel(mode=async): {len(order)} layers ran, fewer than stages={stages}")
         owner, split = balanced_cuts(costs, stages), {}
         if (batch or 0) > 1:
             owner, split = split_boundaries(costs, owner, [n in trace.splittable for n in order])
@@ -232,5 +230,6 @@ class Plan:
         """Seconds per stage at the costs the cut stands on."""
         index = {n: i for i, n in enumerate(self.order)}
         split = {index[n]: fraction for n, (_, fraction) in self.split.items()}
-        return stage_seconds([self.costs[n] for n in self.order], [self.owner[n] for n in self.order], split,
-                             self.stages)  # fmt: skip
+        return stage_seconds(
+            [self.costs[n] for n in self.order], [self.owner[n] for n in self.order], split, self.stages
+        )

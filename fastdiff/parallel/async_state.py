@@ -181,9 +181,7 @@ class AsyncState:
         for name in plan.split:  # the head rows as of the last whole steps (every rank ran every unit)
             history, rows, head = self.extra.known.get(name, []), self.rows(name), head_key(name)
             self.extra.known[head] = [(t, rows_of(out, self.batch, 0, rows)) for t, out in history]
-            if (
-                history and history[-1][1] is self.cache[name]
-            ):  # the same object: extrapolated from, not re-added
+            if history and history[-1][1] is self.cache[name]:  # the same object: extrapolated from, not re-added
                 self.cache[head] = self.extra.known[head][-1][1]
             else:
                 self.cache[head] = rows_of(self.cache[name], self.batch, 0, rows)

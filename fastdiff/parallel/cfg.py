@@ -87,8 +87,10 @@ def guidance_branches(fp, where: str) -> int:
             f"(supported: {', '.join(sorted(n for n, f in PIPELINES.items() if len(f.cfg_layout) > 1))})"
         )
     if facts.list_batch:
-        raise UnsupportedModelError(f"{where} splits batched tensors by branch; {type(fp.pipe).__name__} passes "
-                                    "its batch as lists of per-image tensors")  # fmt: skip
+        raise UnsupportedModelError(
+            f"{where} splits batched tensors by branch; {type(fp.pipe).__name__} passes "
+            "its batch as lists of per-image tensors"
+        )
     return len(facts.cfg_layout)
 
 
@@ -120,6 +122,8 @@ class ParallelCfg(ParallelConfig):
     def apply(self, fp: FastPipeline) -> Handle:
         branches = branch_count(fp, "parallel(mode=cfg)")
         if self.devices != branches:
-            raise AcceleratorError(f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
-                                   f"{branches}, got {self.devices}")  # fmt: skip
+            raise AcceleratorError(
+                f"parallel(mode=cfg) runs one guidance branch per device: devices must be "
+                f"{branches}, got {self.devices}"
+            )
         return install_branch_split(fp, branches, self.group_rank())

@@ -40,8 +40,10 @@ class ParallelCfgAsync(ParallelAsync):
     def apply(self, fp: FastPipeline) -> HandleGroup:
         branches, stages = guidance_branches(fp, "parallel(mode=cfg+async)"), self.stage_count()
         if self.devices != branches * stages:
-            raise AcceleratorError(f"parallel(mode=cfg+async) runs one guidance branch per device: devices must "
-                                   f"be {branches * stages}, got {self.devices}")  # fmt: skip
+            raise AcceleratorError(
+                f"parallel(mode=cfg+async) runs one guidance branch per device: devices must "
+                f"be {branches * stages}, got {self.devices}"
+            )
         stage_units(fp.denoiser)  # an unsupported denoiser fails before the process group is looked at
         branch, stage = divmod(self.group_rank(), stages)
         ranks, stage_group = subgroups(stages, branches, by="stage")[branch]

@@ -25,8 +25,13 @@ def same(a, b) -> bool:
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and torch.equal(a, b))  # fmt: skip
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -75,9 +80,7 @@ class SeparateBranchHook(StatefulHook):
             self.swapped[k] = {n: v for n, v in now.items() if not same(v, self.first.get(n, _MISSING))}
             return forward(*args, **kwargs)
         expected = {**self.first, **self.swapped[k]}
-        changed = [
-            str(n) for n in now.keys() | expected.keys() if not same(now.get(n, _MISSING), expected.get(n))
-        ]
+        changed = [str(n) for n in now.keys() | expected.keys() if not same(now.get(n, _MISSING), expected.get(n))]
         if changed:
             raise AcceleratorError(
                 f"parallel(mode=cfg): the {ctx.branches[0]} call of step {ctx.step} got other inputs than the "

@@ -46,13 +46,13 @@ class ParallelCfgUlysses(SequenceParallelConfig):
         branches = branch_count(fp, where)
         share = self.devices // branches
         if self.devices % branches or share < 2:
-            raise AcceleratorError(f"{where} splits each of the {branches} guidance branches over at least 2 "
-                                   f"ranks: devices must be a multiple of {branches} and >= {2 * branches}, got "
-                                   f"{self.devices}")  # fmt: skip
+            raise AcceleratorError(
+                f"{where} splits each of the {branches} guidance branches over at least 2 "
+                f"ranks: devices must be a multiple of {branches} and >= {2 * branches}, got "
+                f"{self.devices}"
+            )
         branch = self.group_rank() // share
-        mesh = init_device_mesh(
-            fp.pipe.device.type, (branches, 1, share), mesh_dim_names=("cfg", "ring", "ulysses")
-        )
+        mesh = init_device_mesh(fp.pipe.device.type, (branches, 1, share), mesh_dim_names=("cfg", "ring", "ulysses"))
         with all_or_nothing([self.enable(fp, ulysses_degree=share, mesh=mesh["ring", "ulysses"])]) as handles:
             # outside the sequence split: each branch's ranks see that branch's batch
             handles.append(install_branch_split(fp, branches, branch, mesh["cfg"].get_group()))

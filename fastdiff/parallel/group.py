@@ -75,9 +75,7 @@ def peers(where: str, context):
         ) from error
 
 
-def gather(
-    t: torch.Tensor, world: int, group, context, where: str = "parallel(mode=cfg)"
-) -> list[torch.Tensor]:
+def gather(t: torch.Tensor, world: int, group, context, where: str = "parallel(mode=cfg)") -> list[torch.Tensor]:
     """Every rank's ``t`` (the same shape on each), in rank order; a lost peer is named with the step."""
     parts = [torch.empty_like(t) for _ in range(world)]
     with peers(where, context):
@@ -117,7 +115,5 @@ class FlatBroadcast:
             return self.value
         new = {}
         for mine, flat, _ in self.parts:
-            new.update(
-                (id(t), part.view(t.shape)) for t, part in zip(mine, flat.split([t.numel() for t in mine]))
-            )
+            new.update((id(t), part.view(t.shape)) for t, part in zip(mine, flat.split([t.numel() for t in mine])))
         return map_tensors(self.value, lambda t: new[id(t)])

@@ -54,9 +54,7 @@ def free_port() -> int:
 def init_group(rank: int, world: int, port: int, timeout_s: float = 60.0, backend: str | None = None) -> None:
     """Join the process group of ``world`` ranks on 127.0.0.1:``port`` (gloo on CPU, nccl with CUDA)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    backend = backend or (
-        "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-    )
+    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
@@ -130,8 +128,15 @@ def _worker(rank, fn, world, port, timeout_s, threads, result_dir, args, retain_
         dist.destroy_process_group()
 
 
-def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1, retain_memory: bool = True,
-           pin_cores: bool | None = None):  # fmt: skip
+def launch(
+    fn,
+    devices: int,
+    *args,
+    timeout_s: float = 60.0,
+    threads: int = 1,
+    retain_memory: bool = True,
+    pin_cores: bool | None = None,
+):
     """Run ``fn(rank, devices, *args)`` in ``devices`` processes of one process group; rank 0's return value.
 
     ``fn`` must be importable (a module-level function): workers start from a fork server (``start_context``).
@@ -144,15 +149,15 @@ def launch(fn, devices: int, *args, timeout_s: float = 60.0, threads: int = 1, r
     with tempfile.TemporaryDirectory(prefix="fastdiff-parallel-") as tmp:
         spawn_args = (fn, devices, free_port(), timeout_s, threads, tmp, args, retain_memory, pin_cores)
         method = start_context().get_start_method()
-        context = mp.start_processes(
-            _worker, args=spawn_args, nprocs=devices, join=False, start_method=method
-        )
+        context = mp.start_processes(_worker, args=spawn_args, nprocs=devices, join=False, start_method=method)
         try:
             while not context.join():
                 pass
         except ProcessException as error:  # join() has terminated the other workers
-            failed = ParallelError(f"parallel run of {devices} processes failed: rank {error.error_index}: "
-                                   f"{str(error).strip().splitlines()[-1]}")  # fmt: skip
+            failed = ParallelError(
+                f"parallel run of {devices} processes failed: rank {error.error_index}: "
+                f"{str(error).strip().splitlines()[-1]}"
+            )
             failed.pids = context.pids()
             raise failed from error
         finally:

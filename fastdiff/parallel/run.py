@@ -17,8 +17,16 @@ import torch
 from fastdiff.core.tensors import pixels
 
 
-def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: int = 0, warmup: bool = False,
-             output_type: str = "np"):  # fmt: skip
+def generate(
+    rank: int,
+    world: int,
+    model,
+    specs: list[str],
+    call: dict,
+    seed: int = 0,
+    warmup: bool = False,
+    output_type: str = "np",
+):
     """On every rank: one FastPipeline per spec string, one seeded call each; {spec: images, seconds}
     (``output_type="latent"``: the denoised latents, no decoding)."""
     from fastdiff.core.pipeline import FastPipeline
@@ -32,9 +40,7 @@ def generate(rank: int, world: int, model, specs: list[str], call: dict, seed: i
             if warmup:
                 fp(**call, output_type=output_type, generator=torch.Generator().manual_seed(seed))
             start = time.perf_counter()
-            images = pixels(
-                fp(**call, output_type=output_type, generator=torch.Generator().manual_seed(seed))
-            )
+            images = pixels(fp(**call, output_type=output_type, generator=torch.Generator().manual_seed(seed)))
             results[specs_one] = {"images": images, "seconds": time.perf_counter() - start}
         finally:
             if handle is not None:
@@ -49,9 +55,7 @@ def generate_parallel(model, specs: str, call: dict, devices: int, seed: int = 0
     return launch(generate, devices, str(model), [specs], call, seed, timeout_s=timeout_s)[specs]
 
 
-def bench_config(
-    rank: int, world: int, model, specs: str, call: dict, runs: int, seed: int, warmup: bool, steps
-):
+def bench_config(rank: int, world: int, model, specs: str, call: dict, runs: int, seed: int, warmup: bool, steps):
     """On every rank: ``fastdiff bench``'s timed runs of one config; (seconds, images, peak RSS, CPU seconds, NFE)."""
     from fastdiff.core.pipeline import FastPipeline
     from fastdiff.core.timing import time_runs
@@ -68,8 +72,18 @@ def bench_config(
     return seconds, pixels(output), rss, cpu_seconds, fp.context.nfe
 
 
-def bench_parallel(model, specs: str, call: dict, devices: int, runs: int, seed: int, warmup: bool, threads: int = 1,
-                   steps=None, timeout_s: float = 300.0):  # fmt: skip
+def bench_parallel(
+    model,
+    specs: str,
+    call: dict,
+    devices: int,
+    runs: int,
+    seed: int,
+    warmup: bool,
+    threads: int = 1,
+    steps=None,
+    timeout_s: float = 300.0,
+):
     """``bench_config`` on ``devices`` processes of ``threads`` threads each; rank 0's figures."""
     from fastdiff.parallel.launch import launch
 

@@ -82,9 +82,7 @@ class SequenceParallelConfig(ParallelConfig):
         if broken:
             raise UnsupportedModelError(f"{where} refused on {name}: {broken}")
         if getattr(denoiser, "_parallel_config", None) is not None:
-            raise AcceleratorError(
-                f"{where}: {name} already runs in parallel (enable_parallelism was called on it)"
-            )
+            raise AcceleratorError(f"{where}: {name} already runs in parallel (enable_parallelism was called on it)")
         processors = attention_processors(denoiser)
         backends = {getattr(p, "_attention_backend", None) or "native" for p in processors}
         for backend in backends:
@@ -153,9 +151,7 @@ def planned_transformers() -> list[str]:
     import diffusers
 
     return sorted(
-        n
-        for n in dir(diffusers)
-        if n.endswith("Model") and getattr(getattr(diffusers, n, None), "_cp_plan", None)
+        n for n in dir(diffusers) if n.endswith("Model") and getattr(getattr(diffusers, n, None), "_cp_plan", None)
     )
 
 

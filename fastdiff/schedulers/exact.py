@@ -54,9 +54,7 @@ def _as_nchw(samples, like_shape: tuple[int, ...]) -> torch.Tensor:
     ):
         tensor = tensor.permute(0, 3, 1, 2)
     if tuple(tensor.shape) != like_shape:
-        raise ValueError(
-            f"samples have shape {tuple(tensor.shape)}; expected {like_shape} (NCHW) or its NHWC"
-        )
+        raise ValueError(f"samples have shape {tuple(tensor.shape)}; expected {like_shape} (NCHW) or its NHWC")
     return tensor
 
 

@@ -135,9 +135,7 @@ class Experts(Accelerator):
     def validate(self) -> None:
         models, bounds = self.model_list, self.bound_list
         if len(models) < 2 or any(not m for m in models):
-            raise AcceleratorError(
-                f"experts: models needs at least two entries separated by '|', got {self.models!r}"
-            )
+            raise AcceleratorError(f"experts: models needs at least two entries separated by '|', got {self.models!r}")
         if len(bounds) != len(models) - 1:
             raise AcceleratorError(
                 f"experts: {len(models)} models need {len(models) - 1} boundaries, got {self.boundaries!r}"
@@ -155,9 +153,7 @@ class Experts(Accelerator):
                 loaded[path] = load_expert(path, own)
                 check_compatible(loaded[path], own, path)
         experts = [None if path == "self" else loaded[path] for path in self.model_list]
-        handle = install_hook(
-            own, _Route(fp.context, self.bound_list, experts), "fastdiff.experts", fp.context
-        )
+        handle = install_hook(own, _Route(fp.context, self.bound_list, experts), "fastdiff.experts", fp.context)
         group = HandleGroup([handle], on_remove=loaded.clear)
         group.info.update(experts=experts)
         return group

@@ -42,17 +42,38 @@ ASSERTS_DYNAMIC_MU = frozenset({"flow-dpm++2m"})
 # What a flow model was trained with (shift and dynamic shifting); the pipeline reads the *_shift / *_seq_len keys
 # from the scheduler's config to compute the dynamic shift, so they travel even to classes that do not declare them.
 FLOW_KEYS = (
-    "num_train_timesteps", "use_dynamic_shifting", "base_shift", "max_shift", "base_image_seq_len",
-    "max_image_seq_len", "time_shift_type", "shift_terminal",
-)  # fmt: skip
+    "num_train_timesteps",
+    "use_dynamic_shifting",
+    "base_shift",
+    "max_shift",
+    "base_image_seq_len",
+    "max_image_seq_len",
+    "time_shift_type",
+    "shift_terminal",
+)
 
 # Presets that fail on torch-xla devices: torchsde's BrownianTree refuses the XLA device type.
 NOT_ON_XLA = frozenset({"dpm++sde"})
 
 PresetName = Literal[
-    "ddim", "ddpm", "pndm", "euler", "euler-a", "heun", "dpm++2m", "dpm++2m-karras", "dpm++2m-sde",
-    "dpm++sde", "unipc", "deis", "lcm", "flow-euler", "flow-heun", "flow-dpm++2m", "flow-unipc",
-]  # fmt: skip
+    "ddim",
+    "ddpm",
+    "pndm",
+    "euler",
+    "euler-a",
+    "heun",
+    "dpm++2m",
+    "dpm++2m-karras",
+    "dpm++2m-sde",
+    "dpm++sde",
+    "unipc",
+    "deis",
+    "lcm",
+    "flow-euler",
+    "flow-heun",
+    "flow-dpm++2m",
+    "flow-unipc",
+]
 
 
 def make_scheduler(name: str, config) -> object:
@@ -83,11 +104,25 @@ _PROTOTYPES: dict[tuple[str, str], object] = {}
 
 
 # What the model was trained with: kept when a scheduler is rebuilt as another class (solver options are not)
-MODEL_KEYS = frozenset({
-    "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type",
-    "steps_offset", "timestep_spacing", "rescale_betas_zero_snr", "clip_sample", "clip_sample_range",
-    "thresholding", "dynamic_thresholding_ratio", "sample_max_value", "set_alpha_to_one",
-})  # fmt: skip
+MODEL_KEYS = frozenset(
+    {
+        "num_train_timesteps",
+        "beta_start",
+        "beta_end",
+        "beta_schedule",
+        "trained_betas",
+        "prediction_type",
+        "steps_offset",
+        "timestep_spacing",
+        "rescale_betas_zero_snr",
+        "clip_sample",
+        "clip_sample_range",
+        "thresholding",
+        "dynamic_thresholding_ratio",
+        "sample_max_value",
+        "set_alpha_to_one",
+    }
+)
 
 
 def explicit_config(config, target: str | None = None) -> dict:
@@ -99,11 +134,7 @@ def explicit_config(config, target: str | None = None) -> dict:
     DPM-Solver, DPM-Solver's ``sde-dpmsolver++`` none for DEIS): the new class takes its defaults.
     """
     config = dict(config)
-    keep = (
-        (lambda key: key in MODEL_KEYS)
-        if target and config.get("_class_name") != target
-        else (lambda key: True)
-    )
+    keep = (lambda key: key in MODEL_KEYS) if target and config.get("_class_name") != target else (lambda key: True)
     return {key: value for key, value in config.items() if key != "_use_default_values" and keep(key)}
 
 
@@ -146,9 +177,7 @@ def check_sigmas(preset: str, pipe, scheduler) -> None:
     if reason:
         able = [n for n in PRESETS if (n in FLOW_PRESETS) == (preset in FLOW_PRESETS)]
         able = [n for n in able if n != "lcm" and not sampler_problem(n, pipe, scheduler)]
-        raise AcceleratorError(
-            f"scheduler(name={preset}): {reason}; presets that fit: {', '.join(able) or 'none'}"
-        )
+        raise AcceleratorError(f"scheduler(name={preset}): {reason}; presets that fit: {', '.join(able) or 'none'}")
 
 
 def sampler_problem(preset: str, pipe, scheduler) -> str | None:
@@ -175,7 +204,9 @@ def sampler_problem(preset: str, pipe, scheduler) -> str | None:
     reshaped = [k for k in SCHEDULE_SHAPING if scheduler.config.get(k) and k not in _init_params(cls_name)]
     if reshaped:  # from_config would drop the key and sample another noise schedule than the model's
         settings = ", ".join(f"{k}={scheduler.config[k]}" for k in reshaped)
-        return f"the model's {type(scheduler).__name__} reshapes its noise schedule ({settings}), which {cls_name} cannot"
+        return (
+            f"the model's {type(scheduler).__name__} reshapes its noise schedule ({settings}), which {cls_name} cannot"
+        )
     return None
 
 
@@ -214,9 +245,7 @@ class Scheduler(Accelerator):
 
     def validate(self) -> None:
         if self.name not in PRESETS:
-            raise AcceleratorError(
-                f"scheduler: unknown preset {self.name!r}; choose one of {', '.join(PRESETS)}"
-            )
+            raise AcceleratorError(f"scheduler: unknown preset {self.name!r}; choose one of {', '.join(PRESETS)}")
 
     def apply(self, fp: FastPipeline) -> Handle:
         pipe = fp.pipe

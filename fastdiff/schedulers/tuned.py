@@ -182,9 +182,7 @@ def check_sampler(scheduler, sampler: str) -> str:
     if sampler in FLOW_PRESETS:
         for key in FLOW_STEP_FLAGS:
             if key in defaults and scheduler.config.get(key) != defaults[key]:
-                raise AcceleratorError(
-                    f"{have} with {key}={scheduler.config.get(key)!r} cannot take a tuned schedule"
-                )
+                raise AcceleratorError(f"{have} with {key}={scheduler.config.get(key)!r} cannot take a tuned schedule")
         return "flow"
     return ROUTES[cls_name]
 
@@ -196,9 +194,7 @@ def install_timesteps(scheduler, timesteps: list[int], route: str, gate=None, on
     ``on_use()`` runs each time the tuned timesteps are set. The Handle removes the instance attribute.
     """
     if "set_timesteps" in scheduler.__dict__:
-        raise AcceleratorError(
-            f"{type(scheduler).__name__}.set_timesteps is already replaced (another schedule?)"
-        )
+        raise AcceleratorError(f"{type(scheduler).__name__}.set_timesteps is already replaced (another schedule?)")
     original, steps = scheduler.set_timesteps, len(timesteps)
 
     @functools.wraps(original)  # keeps the signature pipelines inspect (retrieve_timesteps)
@@ -275,9 +271,7 @@ class TunedSchedule:
         """Refuse another kind of model, model or sampler (naming the mismatch); return the scheduler's route."""
         predicts = model_prediction(pipe.scheduler)
         if (self.sampler in FLOW_PRESETS) != (predicts == "flow"):
-            tuned_for = (
-                "a flow-matching model" if self.sampler in FLOW_PRESETS else "a noise-predicting model"
-            )
+            tuned_for = "a flow-matching model" if self.sampler in FLOW_PRESETS else "a noise-predicting model"
             raise AcceleratorError(
                 f"the schedule was tuned for {tuned_for} (sampler {self.sampler}) but the {family_name(pipe)} "
                 f"model predicts {predicts} (its scheduler: {type(pipe.scheduler).__name__})"
@@ -337,18 +331,14 @@ class Schedule(Accelerator):
 
     def validate(self) -> None:
         if not self.path:
-            raise AcceleratorError(
-                "schedule: give the JSON written by fastdiff tune-schedule, path=schedule.json"
-            )
+            raise AcceleratorError("schedule: give the JSON written by fastdiff tune-schedule, path=schedule.json")
 
     def apply(self, fp: FastPipeline) -> Handle:
         tuned = TunedSchedule.load(self.path)
         route = tuned.check(fp.pipe)
         steps = fp._defaults.get("num_inference_steps")
         if steps is not None and steps != tuned.nfe:
-            raise AcceleratorError(
-                f"the schedule was tuned for {tuned.nfe} steps; the step default is {steps}"
-            )
+            raise AcceleratorError(f"the schedule was tuned for {tuned.nfe} steps; the step default is {steps}")
         used: dict = {}
         handles = [
             install_timesteps(
@@ -358,9 +348,7 @@ class Schedule(Accelerator):
                 gate=lambda: fp.context.active,
                 on_use=lambda: used.update(call=fp.context.call_index),
             ),
-            install_hook(
-                fp.denoiser, _UsedCheck(fp.context, used, str(self)), "fastdiff.schedule", fp.context
-            ),
+            install_hook(fp.denoiser, _UsedCheck(fp.context, used, str(self)), "fastdiff.schedule", fp.context),
             fp.limit_steps(f"the tuned schedule at {self.path} ({tuned.nfe} steps)", only={tuned.nfe}),
         ]
         if steps is None:

@@ -193,9 +193,7 @@ def search(objective: Objective, spacing: Spacing, start: list[int], limit: int)
         point, value = found, found_value
 
 
-def polish(
-    objective: Objective, point: list[int], value: float, top: int | None = None
-) -> tuple[list[int], float]:
+def polish(objective: Objective, point: list[int], value: float, top: int | None = None) -> tuple[list[int], float]:
     """Move single timesteps by 64, 16, 4, 1 while that lowers the objective (scipy has no integer search).
 
     ``top``: the first timestep may move too, up to ``top`` (None: it stays where it is)."""

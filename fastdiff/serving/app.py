@@ -155,18 +155,21 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         }
 
     @app.get(
-        "/metrics", dependencies=auth,
+        "/metrics",
+        dependencies=auth,
         responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorBody, "description": ERRORS[401]}},
-    )  # fmt: skip
+    )
     async def prometheus() -> Response:
         metrics.queue_depth.set(state["batcher"].depth)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post(
-        "/v1/generate", dependencies=auth, response_model=GenerateResponse,
+        "/v1/generate",
+        dependencies=auth,
+        response_model=GenerateResponse,
         responses=GENERATE_RESPONSES,
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
-    )  # fmt: skip
+    )
     async def generate(request: Request):
         arrived = time.perf_counter()
         body = await _read_body(request, config.limits.max_body_bytes)
@@ -174,9 +177,15 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             body.decode("utf-8")
         except UnicodeDecodeError as error:
             raise RequestValidationError(
-                [{"type": "json_invalid", "loc": ("body", error.start), "input": None,
-                  "msg": f"the body is not UTF-8 (byte {error.start}: {body[error.start:error.start + 1]!r})"}]
-            ) from None  # fmt: skip
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body", error.start),
+                        "input": None,
+                        "msg": f"the body is not UTF-8 (byte {error.start}: {body[error.start : error.start + 1]!r})",
+                    }
+                ]
+            ) from None
         try:
             req = Request_.model_validate_json(body)
         except ValidationError as error:
@@ -189,9 +198,15 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         png_only = "image/png" in request.headers.get("accept", "")
         if png_only and req.count != 1:
             raise RequestValidationError(
-                [{"type": "value_error", "loc": ("body", "count"), "input": req.count,
-                  "msg": "Accept: image/png returns one image, so count must be 1 (or ask for JSON)"}]
-            )  # fmt: skip
+                [
+                    {
+                        "type": "value_error",
+                        "loc": ("body", "count"),
+                        "input": req.count,
+                        "msg": "Accept: image/png returns one image, so count must be 1 (or ask for JSON)",
+                    }
+                ]
+            )
         base = req.seed if req.seed is not None else secrets.randbelow(MAX_SEED - req.count)
         seeds = [base + i for i in range(req.count)]
         batcher: Batcher = state["batcher"]
@@ -199,9 +214,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             job = batcher.submit(engine.batch_key(req), {"request": req, "seeds": seeds}, req.count)
         except QueueFull as full:
             retry = batcher.retry_after_s()
-            return JSONResponse(
-                {"detail": f"queue full: {full}; retry later"}, 429, {"Retry-After": str(retry)}
-            )
+            return JSONResponse({"detail": f"queue full: {full}; retry later"}, 429, {"Retry-After": str(retry)})
         except WorkerStopped as error:
             return failure_response(error, request.state.request_id, 30)
         metrics.queue_depth.set(batcher.depth)
@@ -211,9 +224,7 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         except TimeoutError:
             job.drop()
             metrics.dropped.inc()
-            return JSONResponse(
-                {"detail": f"timed out after {config.timeout_s:g} s (--timeout-s); dropped"}, 504
-            )
+            return JSONResponse({"detail": f"timed out after {config.timeout_s:g} s (--timeout-s); dropped"}, 504)
         except CallArgumentError as error:  # the model or its scheduler cannot take this request's values
             field = REQUEST_FIELDS.get(error.argument, error.argument)
             raise RequestValidationError(
@@ -225,9 +236,11 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
         metrics.latency.labels(profile=req.profile).observe(total)
         metrics.images.labels(profile=req.profile).inc(req.count)
         timings = Timings(
-            queue_s=job.started - job.arrived, denoise_s=result["denoise_s"], decode_s=result["decode_s"],
+            queue_s=job.started - job.arrived,
+            denoise_s=result["denoise_s"],
+            decode_s=result["decode_s"],
             total_s=total,
-        )  # fmt: skip
+        )
         if png_only:
             headers = {
                 "X-Seed": str(seeds[0]),
@@ -236,9 +249,13 @@ def create_app(engine: Engine, config: ServeConfig = ServeConfig()) -> FastAPI:
             }
             return Response(result["pngs"][0], media_type="image/png", headers=headers)
         return GenerateResponse(
-            images=[base64.b64encode(png).decode("ascii") for png in result["pngs"]], seeds=seeds,
-            profile=req.profile, spec=result["spec"], batch_size=result["batch_size"], timings=timings,
-        )  # fmt: skip
+            images=[base64.b64encode(png).decode("ascii") for png in result["pngs"]],
+            seeds=seeds,
+            profile=req.profile,
+            spec=result["spec"],
+            batch_size=result["batch_size"],
+            timings=timings,
+        )
 
     app.state.engine, app.state.metrics, app.state.config = engine, metrics, config
     return app

@@ -143,9 +143,7 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------------------
 
-    def generate(
-        self, requests: list, seeds: list[list[int]], should_stop=lambda: False
-    ) -> list[dict[str, Any]]:
+    def generate(self, requests: list, seeds: list[list[int]], should_stop=lambda: False) -> list[dict[str, Any]]:
         """One pipeline call for ``requests`` (equal ``call_settings``); ``seeds[i]`` has one seed per image.
 
         With ``exact_seeds``, one call per request instead, one after another (the server never hands it more
@@ -184,9 +182,7 @@ class Engine:
             return {}
 
         call["callback_on_step_end"] = on_step
-        call[
-            "callback_on_step_end_tensor_inputs"
-        ] = []  # timing only (and ClassConditionalPipeline's locals()
+        call["callback_on_step_end_tensor_inputs"] = []  # timing only (and ClassConditionalPipeline's locals()
         # lookup of tensors inside a comprehension fails on Python 3.11+: no tensors are asked for)
         started = time.perf_counter()
         images = self.fp(**call).images
@@ -198,11 +194,17 @@ class Engine:
             n = len(request_seeds)
             results.append(
                 dict(
-                    pngs=pngs[start : start + n], seeds=request_seeds, profile=profile,
-                    spec=self.profiles[profile], batch_size=len(flat), switched=switched, switch_s=switch_s,
-                    call_s=ended - started, **timings,
+                    pngs=pngs[start : start + n],
+                    seeds=request_seeds,
+                    profile=profile,
+                    spec=self.profiles[profile],
+                    batch_size=len(flat),
+                    switched=switched,
+                    switch_s=switch_s,
+                    call_s=ended - started,
+                    **timings,
                 )
-            )  # fmt: skip
+            )
             start += n
         return results
 

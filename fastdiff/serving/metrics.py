@@ -46,9 +46,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.requests = Counter(
-            "fastdiff_requests", "requests to /v1/generate by status", ["status"], registry=r
-        )
+        self.requests = Counter("fastdiff_requests", "requests to /v1/generate by status", ["status"], registry=r)
         self.images = Counter("fastdiff_images", "images generated, per profile", ["profile"], registry=r)
         self.switches = Counter("fastdiff_profile_switches", "profile changes between batches", registry=r)
         self.switch_seconds = Histogram(
@@ -57,9 +55,7 @@ class Metrics:
             buckets=(0.0001, 0.001, 0.01, 0.1, 1, 10),
             registry=r,
         )
-        self.dropped = Counter(
-            "fastdiff_dropped", "requests whose work was dropped after their deadline", registry=r
-        )
+        self.dropped = Counter("fastdiff_dropped", "requests whose work was dropped after their deadline", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

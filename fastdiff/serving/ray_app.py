@@ -107,20 +107,22 @@ def run_ray(
 
     temp = Path(temp_dir).absolute()
     if len(str(temp)) > 60:  # Ray's unix sockets live under it; their paths have a ~107 character limit
-        raise ValueError(
-            f"temp_dir {str(temp)!r} is too long for Ray's sockets; use a path under 60 characters"
-        )
+        raise ValueError(f"temp_dir {str(temp)!r} is too long for Ray's sockets; use a path under 60 characters")
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(
-        _temp_dir=str(temp), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+        _temp_dir=str(temp),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
         runtime_env={"env_vars": dict(RAY_ENV)},
-    )  # fmt: skip
+    )
     try:
         serve.start(proxy_location="Disabled")  # the gateway below is the HTTP front, not Ray's proxy
         handle = serve.run(
             build_deployment(model_dir, profiles, config, replicas, threads, exact_seeds),
-            name="fastdiff", route_prefix=None,
-        )  # fmt: skip
+            name="fastdiff",
+            route_prefix=None,
+        )
         print(f"fastdiff on Ray Serve: {replicas} replicas at http://{host}:{port}", flush=True)
         if ready is not None:
             ready.set()
@@ -146,17 +148,13 @@ def gateway(handle, config):
     async def forward(request: Request, path: str):
         rid = request_id(request.headers.get(REQUEST_ID))
         body = await _read_body(request, config.limits.max_body_bytes)
-        headers = [
-            (k, v) for k, v in request.headers.items() if k.lower() not in hop_by_hop | {"x-request-id"}
-        ]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in hop_by_hop | {"x-request-id"}]
         try:
             status, reply_headers, content = await handle.forward.remote(
                 request.method, "/" + path, request.url.query, [*headers, (REQUEST_ID, rid)], body
             )
         except (RayActorError, ActorDiedError, ActorUnavailableError) as error:
-            return failure_response(
-                WorkerStopped(f"the replica serving it stopped ({type(error).__name__})"), rid, 5
-            )
+            return failure_response(WorkerStopped(f"the replica serving it stopped ({type(error).__name__})"), rid, 5)
         except Exception as error:  # noqa: BLE001 (not the client's fault: JSON with the request id)
             return failure_response(error, rid)
         kept = {k: v for k, v in reply_headers if k.lower() not in hop_by_hop}

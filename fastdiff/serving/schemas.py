@@ -52,9 +52,7 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
-def request_model(
-    facts: ModelFacts, limits: Limits, profiles: tuple[str, ...], step_limits=None
-) -> type[BaseModel]:
+def request_model(facts: ModelFacts, limits: Limits, profiles: tuple[str, ...], step_limits=None) -> type[BaseModel]:
     """The request class of a server over a model with ``facts``, bounded by ``limits``, offering ``profiles``;
     ``step_limits`` (profile -> ``fastdiff.core.calls.StepLimit``): the step counts the library allows under
     each profile (the scheduler's range, a tuned schedule's or a student's count), checked per request."""
@@ -93,14 +91,13 @@ def request_model(
         profile = info.data.get("profile")  # validated first (fields are validated in order)
         if steps is not None and profile in allowed and steps not in allowed[profile]:
             raise PydanticCustomError(
-                "steps_not_allowed", "steps={steps} is not allowed under profile '{profile}': allowed {what}",
+                "steps_not_allowed",
+                "steps={steps} is not allowed under profile '{profile}': allowed {what}",
                 {"steps": steps, "profile": profile, "what": _counts(allowed[profile])},
-            )  # fmt: skip
+            )
         return steps
 
-    numbers = [
-        name for name in ("steps", "seed", "width", "height", "count", "label", "guidance") if name in fields
-    ]
+    numbers = [name for name in ("steps", "seed", "width", "height", "count", "label", "guidance") if name in fields]
     validators = {
         "check_steps": field_validator("steps")(check_steps),
         "json_numbers": field_validator(*numbers, mode="before")(_json_number),
@@ -142,9 +139,7 @@ def _describe(allowed) -> str:
 
 
 class ValidationErrorBody(BaseModel):
-    detail: list[dict[str, Any]] = Field(
-        description="one entry per bad field: loc (where), msg (what is allowed)"
-    )
+    detail: list[dict[str, Any]] = Field(description="one entry per bad field: loc (where), msg (what is allowed)")
 
 
 class ErrorBody(BaseModel):
@@ -154,18 +149,14 @@ class ErrorBody(BaseModel):
 
 class Timings(BaseModel):
     queue_s: float = Field(description="from arrival to the start of its batch")
-    denoise_s: float = Field(
-        description="the batch's pipeline call up to its last step (text encoding included)"
-    )
+    denoise_s: float = Field(description="the batch's pipeline call up to its last step (text encoding included)")
     decode_s: float = Field(description="the batch's decode and post-processing after the last step")
     total_s: float = Field(description="arrival to response")
 
 
 class GenerateResponse(BaseModel):
     images: list[str] = Field(description="base64 PNGs")
-    seeds: list[int] = Field(
-        description="the seed of each image: the image depends only on it and the request"
-    )
+    seeds: list[int] = Field(description="the seed of each image: the image depends only on it and the request")
     profile: str
     spec: str = Field(description="the profile's accelerator specs ('' for none)")
     batch_size: int = Field(description="images in the pipeline call this request was part of")

@@ -66,9 +66,14 @@ def encode_text(fp, request: dict) -> dict:
     scale = (request.get("cross_attention_kwargs") or {}).get("scale")
     with torch.no_grad():
         embeds = pipe.encode_prompt(
-            request.get("prompt"), pipe._execution_device, 1, cfg_enabled(pipe, request),
-            negative_prompt=request.get("negative_prompt"), lora_scale=scale, clip_skip=request.get("clip_skip"),
-        )  # fmt: skip
+            request.get("prompt"),
+            pipe._execution_device,
+            1,
+            cfg_enabled(pipe, request),
+            negative_prompt=request.get("negative_prompt"),
+            lora_scale=scale,
+            clip_skip=request.get("clip_skip"),
+        )
     item = {k: v for k, v in request.items() if k not in TEXT_ARGUMENTS}
     names = PROMPT_EMBEDS[type(pipe).__name__]
     item.update({name: e for name, e in zip(names, embeds) if e is not None})
@@ -91,11 +96,7 @@ def decode(fp, item: dict) -> dict:
         image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
         image, nsfw = pipe.run_safety_checker(image, pipe._execution_device, latents.dtype)
         denormalize = [True] * image.shape[0] if nsfw is None else [not flagged for flagged in nsfw]
-        return {
-            "images": pipe.image_processor.postprocess(
-                image, output_type=output_type, do_denormalize=denormalize
-            )
-        }
+        return {"images": pipe.image_processor.postprocess(image, output_type=output_type, do_denormalize=denormalize)}
 
 
 STAGE_FUNCTIONS = {"text": encode_text, "denoise": denoise, "decode": decode}
@@ -112,8 +113,7 @@ def stage_device(rank: int, world: int, device: str) -> torch.device:
     return torch.device(device)
 
 
-def serve(rank: int, world: int, model: str, specs: str, device: str, stages, queues, events, finished,
-          wait_s: float):  # fmt: skip
+def serve(rank: int, world: int, model: str, specs: str, device: str, stages, queues, events, finished, wait_s: float):
     """Worker ``rank``: load the pipeline, apply its stages' accelerators, then move requests along its stages.
 
     ``stages``: every rank's stages (``layout``). ``queues[i]`` feeds stage ``i`` (``queues[3]`` goes back to the

@@ -73,19 +73,27 @@ class StagePipeline:
     Use it as a context manager (or ``start()`` / ``close()``); ``map`` and ``stream`` take the requests.
     """
 
-    def __init__(self, model, accelerators=None, devices: int = 2, queue_size: int = 2, threads: int = 1,
-                 device: str = "cpu", timeout_s: float = 600.0, denoisers: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        accelerators=None,
+        devices: int = 2,
+        queue_size: int = 2,
+        threads: int = 1,
+        device: str = "cpu",
+        timeout_s: float = 600.0,
+        denoisers: int = 1,
+    ):
         from fastdiff.core.spec import parse
 
         path = Path(model).expanduser()
         if not (path / "model_index.json").is_file():
-            raise ValueError(
-                f"model {str(model)!r} is not a diffusers pipeline directory (no model_index.json)"
-            )
+            raise ValueError(f"model {str(model)!r} is not a diffusers pipeline directory (no model_index.json)")
         self.pipeline_class = json.loads((path / "model_index.json").read_text())["_class_name"]
         if self.pipeline_class not in PROMPT_EMBEDS:
-            raise UnsupportedModelError(f"StagePipeline does not support {self.pipeline_class}; supported: "
-                                        f"{', '.join(sorted(PROMPT_EMBEDS))}")  # fmt: skip
+            raise UnsupportedModelError(
+                f"StagePipeline does not support {self.pipeline_class}; supported: {', '.join(sorted(PROMPT_EMBEDS))}"
+            )
         _check_int("devices", devices)
         _check_int("denoisers", denoisers)
         self.layout = layout(devices, denoisers)
@@ -98,8 +106,10 @@ class StagePipeline:
         configs = parse(accelerators or [])
         refused = [str(c) for c in configs if c.kind == "parallel"]
         if refused:
-            raise AcceleratorError(f"StagePipeline: {', '.join(refused)} needs a process group of its own and "
-                                   "cannot run inside a stage; use it without StagePipeline")  # fmt: skip
+            raise AcceleratorError(
+                f"StagePipeline: {', '.join(refused)} needs a process group of its own and "
+                "cannot run inside a stage; use it without StagePipeline"
+            )
         self.model, self.specs = str(path), ";".join(map(str, configs))
         self.devices, self.queue_size, self.threads, self.device = devices, queue_size, threads, device
         self.timeout_s = float(timeout_s)
@@ -185,9 +195,7 @@ class StagePipeline:
         if self._thread is None:
             if self._error is not None:
                 raise StageError(f"StagePipeline was stopped after an error; start a new one ({self._error})")
-            raise RuntimeError(
-                "StagePipeline is not started; use `with StagePipeline(...) as sp:` or sp.start()"
-            )
+            raise RuntimeError("StagePipeline is not started; use `with StagePipeline(...) as sp:` or sp.start()")
         pending: deque[int] = deque()
         done: dict[int, object] = {}  # finished out of order (replicated denoisers), waiting for earlier ones
         todo, end = iter(requests), object()
@@ -225,14 +233,14 @@ class StagePipeline:
             )
         unknown = sorted(k for k in request if k not in self._call_arguments or k in SET_BY_STAGES)
         if unknown:
-            raise ValueError(f"request arguments {unknown} are not allowed; {self.pipeline_class} takes "
-                             f"{', '.join(sorted(set(self._call_arguments) - set(SET_BY_STAGES)))}")  # fmt: skip
+            raise ValueError(
+                f"request arguments {unknown} are not allowed; {self.pipeline_class} takes "
+                f"{', '.join(sorted(set(self._call_arguments) - set(SET_BY_STAGES)))}"
+            )
         if "prompt" not in request:
             raise ValueError("a request needs a prompt (the text stage encodes it)")
         if request.get("output_type", "pil") not in OUTPUT_TYPES:
-            raise ValueError(
-                f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {request['output_type']!r}"
-            )
+            raise ValueError(f"output_type must be one of {', '.join(OUTPUT_TYPES)}, got {request['output_type']!r}")
 
     def _put(self, message) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -296,12 +304,7 @@ class StagePipeline:
 
 
 def _check_int(name: str, value, allowed: tuple[int, ...] = ()) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < 1
-        or (allowed and value not in allowed)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
         wanted = " or ".join(map(str, allowed)) if allowed else "a positive integer"
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
 

@@ -49,27 +49,23 @@ def load_teacher(path, allow_flow: bool = False):
 
     path = Path(path)
     if not (path / "model_index.json").is_file():
-        raise TrainingInputError(
-            f"teacher {str(path)!r} is not a diffusers pipeline directory (no model_index.json)"
-        )
+        raise TrainingInputError(f"teacher {str(path)!r} is not a diffusers pipeline directory (no model_index.json)")
     fp = FastPipeline.from_pretrained(path)
     name = type(fp.denoiser).__name__
     if model_prediction(fp.pipe.scheduler) == "flow":
         if not allow_flow:
-            raise TrainingInputError(f"teacher {str(path)!r} is a flow-matching model ({name}); this distillation "
-                               "needs a noise-prediction UNet: use `fastdiff distill progressive`")  # fmt: skip
+            raise TrainingInputError(
+                f"teacher {str(path)!r} is a flow-matching model ({name}); this distillation "
+                "needs a noise-prediction UNet: use `fastdiff distill progressive`"
+            )
         (
             pipeline_facts(fp.pipe),
             denoiser_facts(fp.denoiser, "progressive distillation"),
         )  # refuse unknown models
     elif name not in SUPPORTED:
-        raise TrainingInputError(
-            f"teacher {str(path)!r} has a {name}; distillation needs a {' or '.join(SUPPORTED)}"
-        )
+        raise TrainingInputError(f"teacher {str(path)!r} has a {name}; distillation needs a {' or '.join(SUPPORTED)}")
     elif not hasattr(fp.pipe.scheduler, "alphas_cumprod"):
-        raise TrainingInputError(
-            f"teacher's scheduler {type(fp.pipe.scheduler).__name__} has no DDPM noise schedule"
-        )
+        raise TrainingInputError(f"teacher's scheduler {type(fp.pipe.scheduler).__name__} has no DDPM noise schedule")
     fp.pipe.set_progress_bar_config(disable=True)
     return fp
 
@@ -152,13 +148,9 @@ class FlowBatches:
         kwargs = make_inputs(fp.pipe, pool, guidance if pipeline_facts(fp.pipe).cfg_layout else None)
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            self.x0 = pixels(
-                fp(**kwargs, num_inference_steps=steps, output_type="latent", generator=generator)
-            )
+            self.x0 = pixels(fp(**kwargs, num_inference_steps=steps, output_type="latent", generator=generator))
         if self.x0.shape[0] != pool or not torch.isfinite(self.x0).all():
-            raise TrainingInputError(
-                f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite"
-            )
+            raise TrainingInputError(f"the teacher's {pool} samples came back as {tuple(self.x0.shape)} or non-finite")
         self.shape = tuple(self.x0.shape[1:])
 
     def batch(self, g: torch.Generator):

@@ -80,8 +80,12 @@ def capture_inputs(fp, batch: int = 2, seed: int = 0, guidance: float | None = N
     bar_config = getattr(fp.pipe, "_progress_bar_config", None)
     fp.pipe.set_progress_bar_config(disable=True)
     try:
-        fp(**make_inputs(fp.pipe, batch, guidance), num_inference_steps=4, output_type="np",  # img2img: 4 x strength
-           generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        fp(
+            **make_inputs(fp.pipe, batch, guidance),
+            num_inference_steps=4,
+            output_type="np",  # img2img: 4 x strength
+            generator=torch.Generator().manual_seed(seed),
+        )
     except _Captured as captured:
         inputs = captured.inputs
     else:

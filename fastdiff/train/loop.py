@@ -184,9 +184,11 @@ def train(
                 total += loss.item()
             if not math.isfinite(total) or (max_loss is not None and total > max_loss):
                 kept = f"{ckpt} (step {_saved_step(ckpt)})" if ckpt is not None and ckpt.is_file() else "none"
-                raise TrainingDiverged(f"{desc}: loss {total:.4g} at step {step + 1} (limit: finite"
-                                       f"{'' if max_loss is None else f', <= {max_loss:g}'}); last good checkpoint: "
-                                       f"{kept}")  # fmt: skip
+                raise TrainingDiverged(
+                    f"{desc}: loss {total:.4g} at step {step + 1} (limit: finite"
+                    f"{'' if max_loss is None else f', <= {max_loss:g}'}); last good checkpoint: "
+                    f"{kept}"
+                )
             if max_grad_norm is not None:
                 accelerator.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
@@ -200,13 +202,24 @@ def train(
             done = step + 1
             if log is not None:
                 with log.open("a", newline="") as f:
-                    csv.writer(f).writerow([done, f"{total:.6g}", f"{lr_schedule.get_last_lr()[0]:.6g}",
-                                            f"{time.perf_counter() - started:.3f}"])  # fmt: skip
+                    csv.writer(f).writerow(
+                        [
+                            done,
+                            f"{total:.6g}",
+                            f"{lr_schedule.get_last_lr()[0]:.6g}",
+                            f"{time.perf_counter() - started:.3f}",
+                        ]
+                    )
             if ckpt is not None and (done % save_every == 0 or done == end):
-                saved = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                         "schedule": lr_schedule.state_dict(), "step": done, "losses": losses,
-                         "extra": {k: m.state_dict() for k, m in extra.items()},
-                         "state": {k: obj.state_dict() for k, obj in (state or {}).items()}}  # fmt: skip
+                saved = {
+                    "model": net.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "schedule": lr_schedule.state_dict(),
+                    "step": done,
+                    "losses": losses,
+                    "extra": {k: m.state_dict() for k, m in extra.items()},
+                    "state": {k: obj.state_dict() for k, obj in (state or {}).items()},
+                }
                 if accelerator.scaler is not None:
                     saved["scaler"] = accelerator.scaler.state_dict()
                 atomic_save(ckpt, saved)

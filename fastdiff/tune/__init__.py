@@ -23,6 +23,15 @@ from fastdiff.tune.search import pareto, side_by_side, tune
 from fastdiff.tune.space import Space, SpaceError, default_space, load_space
 
 __all__ = [
-    "Budget", "BudgetError", "parse_budget", "parse_budgets", "tune", "pareto", "side_by_side", "Space",
-    "SpaceError", "default_space", "load_space",
-]  # fmt: skip
+    "Budget",
+    "BudgetError",
+    "parse_budget",
+    "parse_budgets",
+    "tune",
+    "pareto",
+    "side_by_side",
+    "Space",
+    "SpaceError",
+    "default_space",
+    "load_space",
+]

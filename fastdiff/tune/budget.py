@@ -103,9 +103,7 @@ def _value(row: dict, metric: str) -> float | None:
 def parse_budget(text: str) -> Budget:
     """Parse one budget string; raise BudgetError naming what is wrong."""
     if not isinstance(text, str) or not text.strip():
-        raise BudgetError(
-            f"empty budget {text!r}; expected e.g. 'accuracy>=-1 point', 'fd<=1.2x' or 'psnr>=35'"
-        )
+        raise BudgetError(f"empty budget {text!r}; expected e.g. 'accuracy>=-1 point', 'fd<=1.2x' or 'psnr>=35'")
     match = _BUDGET.match(text)
     if not match:
         raise BudgetError(

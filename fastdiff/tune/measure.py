@@ -37,8 +37,17 @@ import torch
 from fastdiff.core.models import pipeline_facts
 from fastdiff.core.pipeline import FastPipeline
 
-KEEP = ("seconds_median", "seconds", "cpu_seconds_median", "denoiser_calls", "peak_rss_mb", "accuracy", "fd",
-        "fd_floor", "ode_error")  # fmt: skip
+KEEP = (
+    "seconds_median",
+    "seconds",
+    "cpu_seconds_median",
+    "denoiser_calls",
+    "peak_rss_mb",
+    "accuracy",
+    "fd",
+    "fd_floor",
+    "ode_error",
+)
 
 
 class _Recording(FastPipeline):
@@ -103,9 +112,17 @@ def _quiet_bench_bars():
 class Measurer:
     """Measures specs on one model with fixed settings; ``measure(spec, images)`` returns a result row."""
 
-    def __init__(self, model: str | Path, cache_dir: str | Path | None = None, guidance: float | None = None,
-                 seed: int = 0, threads: int | None = 1, steps: int | None = 20, runs: int = 1,
-                 warmup: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path,
+        cache_dir: str | Path | None = None,
+        guidance: float | None = None,
+        seed: int = 0,
+        threads: int | None = 1,
+        steps: int | None = 20,
+        runs: int = 1,
+        warmup: bool = False,
+    ):
         self.model = Path(model)
         if threads:
             torch.set_num_threads(threads)
@@ -113,8 +130,14 @@ class Measurer:
         self.fp.pipe.set_progress_bar_config(disable=True)
         self.facts = pipeline_facts(self.fp.pipe)
         self.guidance = guidance
-        self.settings = {"guidance": guidance, "seed": seed, "threads": torch.get_num_threads(), "steps": steps,
-                         "runs": runs, "warmup": warmup}  # fmt: skip
+        self.settings = {
+            "guidance": guidance,
+            "seed": seed,
+            "threads": torch.get_num_threads(),
+            "steps": steps,
+            "runs": runs,
+            "warmup": warmup,
+        }
         self._warm_up()
         self.model_hash = model_hash(self.model)
         self.version = fastdiff_version()
@@ -145,14 +168,19 @@ class Measurer:
         # a candidate's PSNR/SSIM are against the baseline's images, so its key names the baseline too; the
         # seed is that of this measurement (the settings' seed unless another is named), so samples never mix
         versus = None if baseline else self.baseline_spec
-        blob = {"spec": spec, "model": self.model_hash, "fastdiff": self.version, "images": images,
-                "paths": _fingerprint(spec), "versus": versus, **self.settings,
-                "seed": self.settings["seed"] if seed is None else seed}  # fmt: skip
+        blob = {
+            "spec": spec,
+            "model": self.model_hash,
+            "fastdiff": self.version,
+            "images": images,
+            "paths": _fingerprint(spec),
+            "versus": versus,
+            **self.settings,
+            "seed": self.settings["seed"] if seed is None else seed,
+        }
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:32]
 
-    def measure(
-        self, spec: str, images: int, baseline: bool = False, seed: int | None = None
-    ) -> dict[str, Any]:
+    def measure(self, spec: str, images: int, baseline: bool = False, seed: int | None = None) -> dict[str, Any]:
         """The row of ``spec`` on ``images`` images (cached), on ``seed`` (default: the settings' seed); the
         baseline's images become the PSNR reference for that image count and seed."""
         seed = self.settings["seed"] if seed is None else seed
@@ -173,8 +201,17 @@ class Measurer:
         s = self.settings
         try:
             with _quiet_bench_bars():
-                result = run_bench(self.fp, [(spec, spec)], steps=s["steps"], runs=s["runs"], seed=seed,
-                                   threads=s["threads"], batch=images, guidance=self.guidance, warmup=s["warmup"])  # fmt: skip
+                result = run_bench(
+                    self.fp,
+                    [(spec, spec)],
+                    steps=s["steps"],
+                    runs=s["runs"],
+                    seed=seed,
+                    threads=s["threads"],
+                    batch=images,
+                    guidance=self.guidance,
+                    warmup=s["warmup"],
+                )
         except (ValueError, RuntimeError, FloatingPointError) as error:  # refused or failed: not cached
             self.fp.remove_all()
             if baseline:
@@ -182,8 +219,7 @@ class Measurer:
             return {"spec": spec, "images": images, "seed": seed, "error": f"{type(error).__name__}: {error}"}
         self.runs += 1
         full = result["configs"][0]
-        row = {"spec": spec, "images": images, "seed": seed,
-               **{k: full[k] for k in KEEP if full.get(k) is not None}}  # fmt: skip
+        row = {"spec": spec, "images": images, "seed": seed, **{k: full[k] for k in KEEP if full.get(k) is not None}}
         shot = self.fp.__dict__.pop("last_images")
         if baseline:
             row["is_baseline"] = True

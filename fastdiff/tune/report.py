@@ -84,9 +84,18 @@ def summary(row: dict, speed: str) -> dict:
     return {"spec": row["spec"], "speedup": row["speedup"], **figures(row, speed)}
 
 
-def report_on(measurer, seed: int, baseline_spec: str, pick: str | None, frontier: list[dict],
-              budgets: list[Budget], images: int, speed: str, deadline: float | None = None,
-              step=None) -> dict[str, Any]:  # fmt: skip
+def report_on(
+    measurer,
+    seed: int,
+    baseline_spec: str,
+    pick: str | None,
+    frontier: list[dict],
+    budgets: list[Budget],
+    images: int,
+    speed: str,
+    deadline: float | None = None,
+    step=None,
+) -> dict[str, Any]:
     """Measure the baseline, ``pick`` and the ``frontier`` specs on ``seed`` and ``images`` images; judge them.
 
     The baseline and the pick are always measured; the other frontier specs only before ``deadline`` (a

@@ -40,10 +40,21 @@ from fastdiff.tune.report import figures, rate, report_on, verdicts
 from fastdiff.tune.space import Space, baseline_spec, default_space, family_of, load_space
 
 
-def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = None, baseline: str | None = None,
-         time_limit: float | None = None, cache_dir: str | Path | None = None, guidance: float | None = None,
-         seed: int = 0, threads: int | None = 1, steps: int | None = 20, timing: str = "cpu",
-         progress: bool = True, report_seed: int = 1) -> dict[str, Any]:  # fmt: skip
+def tune(
+    model: str | Path,
+    budgets,
+    space: str | Path | dict | Space | None = None,
+    baseline: str | None = None,
+    time_limit: float | None = None,
+    cache_dir: str | Path | None = None,
+    guidance: float | None = None,
+    seed: int = 0,
+    threads: int | None = 1,
+    steps: int | None = 20,
+    timing: str = "cpu",
+    progress: bool = True,
+    report_seed: int = 1,
+) -> dict[str, Any]:
     """Search ``space`` on ``model`` for the fastest spec within ``budgets`` (strings or Budget objects).
 
     The search (every rung, budget check and the pick) runs on ``seed``; the baseline, the pick and the
@@ -67,13 +78,9 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         raise ValueError(f"time limit must be a positive number of minutes, got {time_limit}")
     if isinstance(budgets, str) or not all(isinstance(b, Budget) for b in budgets):
         budgets = parse_budgets([budgets] if isinstance(budgets, str) else [str(b) for b in budgets])
-    measurer = Measurer(
-        model, cache_dir=cache_dir, guidance=guidance, seed=seed, threads=threads, steps=steps
-    )
+    measurer = Measurer(model, cache_dir=cache_dir, guidance=guidance, seed=seed, threads=threads, steps=steps)
     if not isinstance(space, Space):
-        space = load_space(
-            space if space is not None else default_space(family_of(measurer.fp.pipe)), baseline
-        )
+        space = load_space(space if space is not None else default_space(family_of(measurer.fp.pipe)), baseline)
     elif baseline:
         space.baseline = baseline_spec(baseline)
     settings = space.settings
@@ -97,8 +104,10 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         bar.update()
         for budget in budgets:
             if budget.metric not in VS_BASELINE and base_rows[n].get(budget.metric) is None:
-                raise ValueError(f"budget {budget}: {Path(model).name} reports no {budget.metric!r} "
-                                 f"(it reports {', '.join(k for k in ('accuracy', 'fd', 'ode_error') if k in base_rows[n]) or 'only psnr/ssim'})")  # fmt: skip
+                raise ValueError(
+                    f"budget {budget}: {Path(model).name} reports no {budget.metric!r} "
+                    f"(it reports {', '.join(k for k in ('accuracy', 'fd', 'ode_error') if k in base_rows[n]) or 'only psnr/ssim'})"
+                )
     rows: dict[str, dict[int, dict]] = {spec: {} for spec in candidates}
     alive, complete = list(candidates), True
     reserve: list[str] = []  # plausible candidates of the last screening rung that were not promoted
@@ -132,13 +141,15 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         rate(row, base_full, speed)
         row["within_budget"] = all(b.holds(row, base_full) for b in budgets)
     feasible = [r for r in [base_full, *measured] if r["within_budget"]]
-    best = (
-        min(feasible, key=lambda r: r[speed]) if feasible else None
-    )  # an absolute budget the baseline misses
+    best = min(feasible, key=lambda r: r[speed]) if feasible else None  # an absolute budget the baseline misses
     frontier = pareto([base_full, *measured], budgets, speed)
     if best is not None:
-        best = {"spec": best["spec"], "speedup": best["speedup"], **figures(best, speed),
-                "verdicts": verdicts(best, base_full, budgets)}  # fmt: skip
+        best = {
+            "spec": best["spec"],
+            "speedup": best["speedup"],
+            **figures(best, speed),
+            "verdicts": verdicts(best, base_full, budgets),
+        }
     search_seconds, counts = time.perf_counter() - start, (measurer.runs, measurer.hits)
 
     def step(spec: str) -> None:
@@ -146,8 +157,9 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
         bar.set_postfix_str(f"report seed {report_seed} {spec[:50]}")
         bar.update()
 
-    report = report_on(measurer, report_seed, space.baseline, best and best["spec"], frontier, budgets, full,
-                       speed, deadline, step)  # fmt: skip
+    report = report_on(
+        measurer, report_seed, space.baseline, best and best["spec"], frontier, budgets, full, speed, deadline, step
+    )
     bar.close()
     return {
         "model": str(model),
@@ -179,7 +191,7 @@ def tune(model: str | Path, budgets, space: str | Path | dict | Space | None = N
             "measurements": counts[0],
             "cache_hits": counts[1],
             "full_measurements": len(measured),
-        },  # fmt: skip
+        },
         "complete": complete,
         "search_seconds": search_seconds,
     }
@@ -214,8 +226,9 @@ def _holds(row: dict | None, budgets: list[Budget], baseline: dict) -> bool:
     return row is not None and "error" not in row and all(b.holds(row, baseline) for b in budgets)
 
 
-def rank(alive: list[str], rows: dict, n: int, full: int, budgets: list[Budget], baseline: dict,
-         speed: str) -> tuple[list[str], set[str]]:  # fmt: skip
+def rank(
+    alive: list[str], rows: dict, n: int, full: int, budgets: list[Budget], baseline: dict, speed: str
+) -> tuple[list[str], set[str]]:
     """Candidates in promotion order after rung ``n``, and the set of those plausibly within budget.
 
     Order: those within budget at this rung and those within it only with the screening slack (for ``n`` <
@@ -234,9 +247,7 @@ def rank(alive: list[str], rows: dict, n: int, full: int, budgets: list[Budget],
         if all(m is not None and m >= 0 for m in loose):
             return 1, row[speed]
         miss = sum(
-            -m / max(abs(b.threshold(baseline)), 1e-9)
-            for b, m in zip(budgets, loose)
-            if m is not None and m < 0
+            -m / max(abs(b.threshold(baseline)), 1e-9) for b, m in zip(budgets, loose) if m is not None and m < 0
         )
         return 2, miss
 
@@ -264,19 +275,38 @@ def pareto(rows: list[dict], budgets: list[Budget], speed: str) -> list[dict]:
     vectors = [vector(r) for r in rows]
     front = []
     for i, v in enumerate(vectors):
-        dominated = any(all(a <= b for a, b in zip(w, v)) and any(a < b for a, b in zip(w, v))
-                        for j, w in enumerate(vectors) if j != i)  # fmt: skip
+        dominated = any(
+            all(a <= b for a, b in zip(w, v)) and any(a < b for a, b in zip(w, v))
+            for j, w in enumerate(vectors)
+            if j != i
+        )
         if not dominated:
             front.append({"spec": rows[i]["spec"], "speedup": rows[i]["speedup"], **figures(rows[i], speed)})
     return sorted(front, key=lambda r: r["seconds"])
 
 
-def side_by_side(model: str | Path, configs: list[tuple[str, str]], images: int | None = None,
-                 guidance: float | None = None, runs: int = 1, seed: int = 0, threads: int | None = 1,
-                 steps: int | None = 20) -> dict:  # fmt: skip
+def side_by_side(
+    model: str | Path,
+    configs: list[tuple[str, str]],
+    images: int | None = None,
+    guidance: float | None = None,
+    runs: int = 1,
+    seed: int = 0,
+    threads: int | None = 1,
+    steps: int | None = 20,
+) -> dict:
     """Re-time ``configs`` in one ``run_bench`` call (exactly ``fastdiff bench``), e.g. the baseline, DDIM 50
     and the setting found, so their speedups come from one run. Returns run_bench's result."""
     from fastdiff.eval.bench import run_bench
 
-    return run_bench(model, configs, steps=steps, runs=runs, seed=seed, threads=threads, batch=images,
-                     guidance=guidance, warmup=False)  # fmt: skip
+    return run_bench(
+        model,
+        configs,
+        steps=steps,
+        runs=runs,
+        seed=seed,
+        threads=threads,
+        batch=images,
+        guidance=guidance,
+        warmup=False,
+    )

@@ -72,7 +72,7 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
                 "blockcache(mode=interval,interval=2)",
                 "blockcache(mode=interval,interval=3)",
                 "forecast(order=2,interval=3,warmup=3)",
-            ],  # fmt: skip
+            ],
             "guidance": CFG_WINDOWS,
         },
         "settings": {"images": None, "rungs": None, "eta": 3},
@@ -88,7 +88,7 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
                 "blockcache(mode=teacache,threshold=0.12)",
                 "forecast(order=1,interval=2,warmup=2)",
                 "forecast(order=1,interval=3,warmup=3)",
-            ],  # fmt: skip
+            ],
             "guidance": CFG_WINDOWS,
         },
         "settings": {"images": None, "rungs": None, "eta": 3},
@@ -185,16 +185,12 @@ class Space:
 
     def candidates(self, cfg: bool = True) -> tuple[list[str], dict[str, int]]:
         """Unique candidate specs (baseline excluded) and counts of pruned combinations by reason."""
-        bases = [
-            canonical(f"scheduler(name={s},steps={n})", "sampler") for s in self.samplers for n in self.steps
-        ]
+        bases = [canonical(f"scheduler(name={s},steps={n})", "sampler") for s in self.samplers for n in self.steps]
         axes = {name: options for name, options in self.axes.items()}
         if not cfg:  # no classifier-free guidance in the call: guidance-kind accelerators would do nothing
             axes = {n: [o for o in opts if not _kind(o, "guidance")] or [""] for n, opts in axes.items()}
         combos = list(itertools.product(*axes.values())) or [()]
-        seeds = [(b, combos) for b in bases] + [
-            (m, combos if self.combine_models else [()]) for m in self.models
-        ]
+        seeds = [(b, combos) for b in bases] + [(m, combos if self.combine_models else [()]) for m in self.models]
         out, seen, pruned = [], {self.baseline}, {}
         for base, options in seeds:
             for combo in options:
@@ -210,9 +206,17 @@ class Space:
         return out, pruned
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "baseline": self.baseline, "samplers": self.samplers, "steps": self.steps,
-                "axes": self.axes, "models": self.models, "combine_models": self.combine_models,
-                "settings": self.settings, "skipped": self.skipped}  # fmt: skip
+        return {
+            "family": self.family,
+            "baseline": self.baseline,
+            "samplers": self.samplers,
+            "steps": self.steps,
+            "axes": self.axes,
+            "models": self.models,
+            "combine_models": self.combine_models,
+            "settings": self.settings,
+            "skipped": self.skipped,
+        }
 
 
 def _kind(spec: str, kind: str) -> bool:
@@ -243,14 +247,10 @@ def load_space(source: str | Path | dict, baseline: str | None = None) -> Space:
         except yaml.YAMLError as error:
             raise SpaceError(f"{where}: not valid YAML: {error}") from None
         if not isinstance(source, dict):
-            raise SpaceError(
-                f"{where}: expected a mapping with samplers/steps/axes, got {type(source).__name__}"
-            )
+            raise SpaceError(f"{where}: expected a mapping with samplers/steps/axes, got {type(source).__name__}")
     unknown = set(source) - KEYS
     if unknown:
-        raise SpaceError(
-            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}"
-        )
+        raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
     from fastdiff.schedulers.presets import PRESETS
 
     samplers = _list(source.get("samplers", []), f"{where}: samplers")
@@ -284,8 +284,17 @@ def load_space(source: str | Path | dict, baseline: str | None = None) -> Space:
         base = baseline_spec(str(base))
     except SpaceError as error:
         raise SpaceError(f"{where}: {error}") from None
-    return Space(base, samplers, steps, axes, models, bool(source.get("combine_models", True)), settings,
-                 source.get("family"), skipped)  # fmt: skip
+    return Space(
+        base,
+        samplers,
+        steps,
+        axes,
+        models,
+        bool(source.get("combine_models", True)),
+        settings,
+        source.get("family"),
+        skipped,
+    )
 
 
 def _list(value, where: str) -> list:
@@ -313,9 +322,7 @@ def _models(source: dict, where: str) -> tuple[list[str], list[dict[str, str]]]:
         entry = str(entry)
         if "{steps}" in entry and not model_steps:
             raise SpaceError(f"{where}: model {entry!r} uses {{steps}} but model_steps is not given")
-        for spec in (
-            [entry.replace("{steps}", str(n)) for n in model_steps] if "{steps}" in entry else [entry]
-        ):
+        for spec in [entry.replace("{steps}", str(n)) for n in model_steps] if "{steps}" in entry else [entry]:
             missing = [p for p in re.findall(r"path=([^,;)]+)", spec) if not Path(p).expanduser().exists()]
             if missing:
                 skipped.append({"spec": spec, "reason": f"{missing[0]} does not exist (yet)"})

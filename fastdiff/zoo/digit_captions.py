@@ -22,9 +22,15 @@ DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 # probability: were some prompts allowed only for some images of a digit, guidance would tilt the samples
 # toward the images those prompts favour.
 TEMPLATES = (
-    "a handwritten {word}", "the digit {n}", "the number {word}", "{word}", "{n}",
-    "a drawing of the number {n}", "a picture of a handwritten {word}", "digit {word}",
-)  # fmt: skip
+    "a handwritten {word}",
+    "the digit {n}",
+    "the number {word}",
+    "{word}",
+    "{n}",
+    "a drawing of the number {n}",
+    "a picture of a handwritten {word}",
+    "digit {word}",
+)
 STROKE_TEMPLATES = (
     "number {word}, {stroke} strokes",
     "a {stroke} handwritten {n}",
@@ -42,13 +48,9 @@ def digit_of(prompt: str) -> int:
         assert digit_of("number seven, thick strokes") == 7 and digit_of("the digit 3") == 3
     """
     words = re.findall(r"[a-z]+|\d", prompt.lower())
-    found = {
-        DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in words if w in DIGIT_WORDS or w.isdigit()
-    }
+    found = {DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in words if w in DIGIT_WORDS or w.isdigit()}
     if len(found) != 1:
-        raise ValueError(
-            f"prompt {prompt!r} must name exactly one digit (0-9 or zero..nine), found {sorted(found)}"
-        )
+        raise ValueError(f"prompt {prompt!r} must name exactly one digit (0-9 or zero..nine), found {sorted(found)}")
     return found.pop()
 
 

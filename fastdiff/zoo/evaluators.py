@@ -44,9 +44,7 @@ def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0
     prompts = call_kwargs.get("prompt")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
     if len(prompts) != len(images):
-        raise ValueError(
-            f"got {len(images)} images for {len(prompts)} prompts (one image per prompt is scored)"
-        )
+        raise ValueError(f"got {len(images)} images for {len(prompts)} prompts (one image per prompt is scored)")
     return digits_quality(pipe, {"class_labels": [digit_of(p) for p in prompts]}, images, seed)
 
 
@@ -70,8 +68,14 @@ def moving_digits_quality(pipe, call_kwargs: dict, frames: np.ndarray, seed: int
     prompts = call_kwargs.get("prompt")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
     directory = pipeline_directory(pipe).resolve()
-    return md.video_metrics(md.gray_frames(frames), prompts, load_reference_eval(directory),
-                            _real_test_clips(directory), seed, _floor_draws(directory, tuple(prompts), seed))  # fmt: skip
+    return md.video_metrics(
+        md.gray_frames(frames),
+        prompts,
+        load_reference_eval(directory),
+        _real_test_clips(directory),
+        seed,
+        _floor_draws(directory, tuple(prompts), seed),
+    )
 
 
 __all__ = ["digits_quality", "digits_sd_quality", "moving_digits_quality"]

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -73,6 +72,18 @@ from transformers import (
     UMT5EncoderModel,
 )
 
+from fastdiff.zoo.full_size_layouts import (
+    CLIP_G,
+    CLIP_L,
+    CLIP_VOCAB,
+    DIT_XL_2,
+    IMAGENET_FIRST,
+    SD15_UNET,
+    SD35_MEDIUM,
+    SD_BETAS,
+    SD_VAE,
+    SDXL_UNET,
+)
 from fastdiff.zoo.registry import register_model
 from fastdiff.zoo.text_encoders import make_t5_tokenizer
 from fastdiff.zoo.tiny_base import in_eval_mode, seeded
@@ -82,76 +93,6 @@ from fastdiff.zoo.tokenizer import make_clip_tokenizer
 SIZES = ("full",)
 OUTPUT_SCALE = 0.05  # x0.05 on the output layer kept a random SD 1.5 finite in fp16 on an H200 at 512 px
 STAMP = "fastdiff_full_size.json"  # written last: a directory that has it holds a complete build
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One published architecture: its pipeline class, native image side and denoiser size."""
-
-    name: str
-    pipeline: str
-    side: int
-    denoiser_params: int  # as diffusers 0.42 builds it (checked by tests/zoo/test_full_size.py)
-    source: str
-
-
-LAYOUTS = {
-    "sd15": Layout("sd15", "StableDiffusionPipeline", 512, 859_520_964, "stable-diffusion-v1-5 configs"),
-    "sdxl": Layout("sdxl", "StableDiffusionXLPipeline", 1024, 2_567_463_684, "stable-diffusion-xl-base-1.0"),
-    "dit-xl-2": Layout("dit-xl-2", "DiTPipeline", 256, 749_826_464, "facebook/DiT-XL-2-256"),
-    "sd35-medium": Layout("sd35-medium", "StableDiffusion3Pipeline", 1024, 2_243_171_520, "stable-diffusion-3.5-medium"),
-    "wan-1.3b": Layout("wan-1.3b", "WanPipeline", 480, 1_418_996_800, "Wan2.1-T2V-1.3B-Diffusers (480 x 832, 81 frames)"),
-}  # fmt: skip
-
-# CLIP text towers: OpenAI CLIP ViT-L/14's (SD 1.5, SDXL's first, SD3's clip_l) and OpenCLIP ViT-bigG/14's (SDXL's
-# second, SD3's clip_g), as in those repositories' text_encoder*/config.json. The vocabulary keeps CLIP's 49408 rows
-# (the generated tokenizer uses the first ~1100), so parameter counts match the published encoders.
-CLIP_VOCAB = 49408
-CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-              hidden_act="quick_gelu", projection_dim=768)  # fmt: skip
-CLIP_G = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-              hidden_act="gelu", projection_dim=1280)  # fmt: skip
-
-# SD 1.5 unet/config.json (these are also UNet2DConditionModel's defaults, but for cross_attention_dim).
-SD15_UNET = dict(
-    sample_size=64, in_channels=4, out_channels=4, block_out_channels=(320, 640, 1280, 1280), layers_per_block=2,
-    attention_head_dim=8, cross_attention_dim=768, norm_num_groups=32,
-    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-)  # fmt: skip
-# SDXL base unet/config.json: no attention at full resolution, 1/2/10 transformer layers, text_time conditioning
-# (6 size/crop ids x 256 + bigG's pooled 1280 = 2816).
-SDXL_UNET = dict(
-    sample_size=128, in_channels=4, out_channels=4, block_out_channels=(320, 640, 1280), layers_per_block=2,
-    attention_head_dim=(5, 10, 20), transformer_layers_per_block=(1, 2, 10), cross_attention_dim=2048,
-    use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
-    projection_class_embeddings_input_dim=2816,
-    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-)  # fmt: skip
-# DiT-XL/2 (Peebles & Xie, table 1: 28 layers, width 1152, 16 heads, patch 2), facebook/DiT-XL-2-256 transformer
-# config: learned sigma (8 output channels), adaLN-Zero over 1000 ImageNet classes, 32x32 latents.
-DIT_XL_2 = dict(
-    num_layers=28, num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, patch_size=2,
-    sample_size=32, num_embeds_ada_norm=1000,
-)  # fmt: skip
-# SD 3.5 medium transformer/config.json: MMDiT-X, 24 layers of 24 heads x 64 = 1536 wide, dual attention in
-# layers 0-12, RMS q/k norms, 384x384 position table (diffusers' single-file loader tells 3.5 medium from 3 medium
-# by that table: pos_embed of 147456 = 384^2 rows, and adaLN rows of 9216 = 6 x 1536).
-SD35_MEDIUM = dict(
-    sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, num_attention_heads=24,
-    attention_head_dim=64, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
-    pos_embed_max_size=384, qk_norm="rms_norm", dual_attention_layers=tuple(range(13)),
-)  # fmt: skip
-# The KL autoencoder of SD 1.5 / SDXL / DiT (sd-vae-ft-ema): 128/256/512/512, 2 layers per block, 83.65M; SD3's
-# has 16 latent channels and no quant convolutions.
-SD_VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
-              down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4)  # fmt: skip
-# DDPM betas of SD 1.5 / SDXL training (their scheduler/scheduler_config.json).
-SD_BETAS = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
-# ImageNet classes 0-9, DiT's labels (the pipeline takes any of the 1000 class ids).
-IMAGENET_FIRST = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray",
-                  "stingray", "cock", "hen", "ostrich"]  # fmt: skip
 
 
 def clip_config(tokenizer: CLIPTokenizer, tower: dict) -> CLIPTextConfig:
@@ -197,9 +138,16 @@ def _sd15(seed: int, step: Callable[[str], None]) -> StableDiffusionPipeline:
     scale_output(unet.conv_out)
     step("unet")
     scheduler = on_cpu(PNDMScheduler, **SD_BETAS, set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1)
-    return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)  # fmt: skip
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
 
 
 def _sdxl(seed: int, step: Callable[[str], None]) -> StableDiffusionXLPipeline:
@@ -213,9 +161,17 @@ def _sdxl(seed: int, step: Callable[[str], None]) -> StableDiffusionXLPipeline:
     scale_output(unet.conv_out)
     step("unet")
     scheduler = on_cpu(EulerDiscreteScheduler, **SD_BETAS, steps_offset=1, timestep_spacing="leading")
-    return StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                     tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
-                                     force_zeros_for_empty_prompt=True, add_watermarker=False)  # fmt: skip
+    return StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        unet=unet,
+        scheduler=scheduler,
+        force_zeros_for_empty_prompt=True,
+        add_watermarker=False,
+    )
 
 
 def _dit(seed: int, step: Callable[[str], None]) -> DiTPipeline:
@@ -224,8 +180,14 @@ def _dit(seed: int, step: Callable[[str], None]) -> DiTPipeline:
     transformer = seeded(seed, DiTTransformer2DModel, **DIT_XL_2)
     scale_output(transformer.proj_out_2)
     step("transformer")
-    scheduler = on_cpu(DDIMScheduler, num_train_timesteps=1000, beta_schedule="linear", beta_start=0.0001,
-                       beta_end=0.02, clip_sample=False)  # fmt: skip
+    scheduler = on_cpu(
+        DDIMScheduler,
+        num_train_timesteps=1000,
+        beta_schedule="linear",
+        beta_start=0.0001,
+        beta_end=0.02,
+        clip_sample=False,
+    )
     id2label = dict(enumerate(IMAGENET_FIRST))
     pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=scheduler, id2label=id2label)
     pipe.register_to_config(id2label=id2label)  # saved to model_index.json, as the tiny DiT does
@@ -237,33 +199,71 @@ def _sd35_medium(seed: int, step: Callable[[str], None]) -> StableDiffusion3Pipe
     step("text encoder")
     tokenizer_2, text_encoder_2 = _clip(seed, CLIPTextModelWithProjection, CLIP_G)
     step("text encoder 2")
-    vae = _vae(seed, 1024, latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-               scaling_factor=1.5305, shift_factor=0.0609)  # fmt: skip
+    vae = _vae(
+        seed,
+        1024,
+        latent_channels=16,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+    )
     step("vae")
     transformer = seeded(seed, SD3Transformer2DModel, **SD35_MEDIUM)
     scale_output(transformer.proj_out)
     step("transformer")
     scheduler = on_cpu(FlowMatchEulerDiscreteScheduler, num_train_timesteps=1000, shift=3.0)
-    return StableDiffusion3Pipeline(scheduler=scheduler, vae=vae, transformer=transformer, text_encoder=text_encoder,
-                                    tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-                                    text_encoder_3=None, tokenizer_3=None)  # fmt: skip
+    return StableDiffusion3Pipeline(
+        scheduler=scheduler,
+        vae=vae,
+        transformer=transformer,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
 
 
 # Wan2.1-T2V-1.3B transformer/config.json. Its text encoder, umT5-XXL (5.7B), is cut to one layer of the same
 # width (4096): the transformer, what fastdiff accelerates, sees embeddings of the real shape.
 WAN_1_3B = dict(
-    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-    eps=1e-6, rope_max_seq_len=1024,
-)  # fmt: skip
-UMT5_XXL_ONE_LAYER = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=1, num_heads=64, feed_forward_proj="gated-gelu",
-                          relative_attention_num_buckets=32, relative_attention_max_distance=128)  # fmt: skip
+    patch_size=(1, 2, 2),
+    num_attention_heads=12,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=8960,
+    num_layers=30,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
+UMT5_XXL_ONE_LAYER = dict(
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=1,
+    num_heads=64,
+    feed_forward_proj="gated-gelu",
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+)
 
 
 def _wan_1_3b(seed: int, step: Callable[[str], None]) -> WanPipeline:
     tokenizer = make_t5_tokenizer(model_max_length=512)
-    config = UMT5Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0, **UMT5_XXL_ONE_LAYER)  # fmt: skip
+    config = UMT5Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=0,
+        **UMT5_XXL_ONE_LAYER,
+    )
     text_encoder = seeded(seed, UMT5EncoderModel, config)
     step("text encoder")
     vae = seeded(seed, AutoencoderKLWan)  # diffusers' defaults are Wan 2.1's VAE
@@ -272,8 +272,9 @@ def _wan_1_3b(seed: int, step: Callable[[str], None]) -> WanPipeline:
     scale_output(transformer.proj_out)
     step("transformer")
     scheduler = on_cpu(UniPCMultistepScheduler, **WAN_SCHEDULER)
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                       scheduler=scheduler)  # fmt: skip
+    return WanPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
+    )
 
 
 MAKERS = {"sd15": _sd15, "sdxl": _sdxl, "dit-xl-2": _dit, "sd35-medium": _sd35_medium, "wan-1.3b": _wan_1_3b}

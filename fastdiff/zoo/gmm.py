@@ -295,14 +295,10 @@ class GMMPipeline(DiffusionPipeline):
             latents = self.scheduler.step(eps, t, latents, **step_kwargs).prev_sample
         return self._finish(latents, output_type, return_dict)
 
-    def _start_latents(
-        self, batch_size, generator, output_type: str, latents
-    ) -> tuple[torch.device, torch.Tensor]:
+    def _start_latents(self, batch_size, generator, output_type: str, latents) -> tuple[torch.device, torch.Tensor]:
         """Check the call's arguments; ``(device, z)``, z the float32 standard normal start or ``latents``."""
         if output_type not in OUTPUT_TYPES:
-            raise ValueError(
-                f"output_type={output_type!r} is not supported; allowed: {', '.join(OUTPUT_TYPES)}"
-            )
+            raise ValueError(f"output_type={output_type!r} is not supported; allowed: {', '.join(OUTPUT_TYPES)}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         device = self._execution_device
@@ -316,11 +312,7 @@ class GMMPipeline(DiffusionPipeline):
 
     def _step_kwargs(self, generator) -> dict:
         # Only stochastic schedulers (DDPM, Euler ancestral, SDE solvers, LCM) take a generator.
-        return (
-            {"generator": generator}
-            if "generator" in inspect.signature(self.scheduler.step).parameters
-            else {}
-        )
+        return {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
 
     def _finish(self, latents: torch.Tensor, output_type: str, return_dict: bool):
         self.maybe_free_model_hooks()

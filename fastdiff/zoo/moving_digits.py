@@ -32,9 +32,13 @@ TRAVEL = CANVAS - DIGIT  # 16 px: two per frame step
 DIRECTIONS = ("left", "right", "up", "down")
 _STEP = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}  # (row, column) per frame
 TEMPLATES = (
-    "a handwritten {word} moving {dir}", "the digit {n} moving {dir}", "{word} moving {dir}",
-    "the number {word} sliding {dir}", "digit {n} going {dir}", "a {word} that moves {dir}",
-)  # fmt: skip
+    "a handwritten {word} moving {dir}",
+    "the digit {n} moving {dir}",
+    "{word} moving {dir}",
+    "the number {word} sliding {dir}",
+    "digit {n} going {dir}",
+    "a {word} that moves {dir}",
+)
 BENCH_TEMPLATES = ("a handwritten {word} moving {dir}", "the digit {n} moving {dir}")
 EXTRA_WORDS = "moving sliding going moves that " + " ".join(DIRECTIONS)
 
@@ -67,9 +71,7 @@ def direction_of(prompt: str) -> str:
     """The direction a prompt names; ValueError if it names none or several."""
     found = {w for w in re.findall(r"[a-z]+", prompt.lower()) if w in _STEP}
     if len(found) != 1:
-        raise ValueError(
-            f"prompt {prompt!r} must name exactly one direction of {DIRECTIONS}, found {sorted(found)}"
-        )
+        raise ValueError(f"prompt {prompt!r} must name exactly one direction of {DIRECTIONS}, found {sorted(found)}")
     return found.pop()
 
 
@@ -137,8 +139,9 @@ def matched_real_clips(
     return np.stack([make_clip(x_train[i, 0], direction_of(p)) for i, p in zip(idx, prompts)])
 
 
-def clip_floor_draws(prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, classifier, seed: int = 0,
-                     draws: int = FLOOR_DRAWS) -> list[torch.Tensor]:  # fmt: skip
+def clip_floor_draws(
+    prompts: list[str], x_train: np.ndarray, y_train: np.ndarray, classifier, seed: int = 0, draws: int = FLOOR_DRAWS
+) -> list[torch.Tensor]:
     """Classifier features (clips, frames, dim) of ``draws`` like-for-like real samples for ``prompts``
     (:func:`matched_real_clips`, draws 0, 1, ... of ``seed``): the floor's side of the ratio.
 
@@ -161,8 +164,14 @@ def clip_floor_draws(prompts: list[str], x_train: np.ndarray, y_train: np.ndarra
     return out
 
 
-def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np.ndarray, seed: int = 0,
-                  floor_draws: list[torch.Tensor] | None = None) -> dict[str, float]:  # fmt: skip
+def video_metrics(
+    gray: np.ndarray,
+    prompts: list[str],
+    reference,
+    real_test: np.ndarray,
+    seed: int = 0,
+    floor_draws: list[torch.Tensor] | None = None,
+) -> dict[str, float]:
     """Per-frame digit accuracy, direction accuracy, FD over frames, the like-for-like floor with FD / floor and
     its interval (:func:`fastdiff.eval.floor.ratio_to_floor`), temporal consistency.
 
@@ -200,9 +209,7 @@ def video_metrics(gray: np.ndarray, prompts: list[str], reference, real_test: np
 def video_metrics_real(x: np.ndarray, y: np.ndarray, reference) -> dict[str, float]:
     """The metrics' ceiling: per-frame and direction accuracy of the real clips of images ``x`` labelled ``y``."""
     clips, directions = make_clips(x)
-    prompts = [
-        video_caption(BENCH_TEMPLATES[0], int(d), DIRECTIONS[k]) for d, k in zip(np.repeat(y, 4), directions)
-    ]
+    prompts = [video_caption(BENCH_TEMPLATES[0], int(d), DIRECTIONS[k]) for d, k in zip(np.repeat(y, 4), directions)]
     from fastdiff.eval.quality import accuracy
 
     digits = np.repeat([digit_of(p) for p in prompts], FRAMES)
@@ -220,9 +227,28 @@ def as_video_tensor(clips: np.ndarray) -> torch.Tensor:
 
 
 __all__ = [
-    "CANVAS", "DIGIT", "FRAMES", "DIRECTIONS", "TEMPLATES", "BENCH_TEMPLATES", "EXTRA_WORDS", "DIGIT_WORDS",
-    "make_clip", "make_clips", "video_caption", "direction_of", "training_prompts", "bench_prompts",
-    "gray_frames", "ink_centres", "digit_windows", "motion_directions", "temporal_change", "matched_real_clips",
-    "clip_floor_draws", "video_metrics",
-    "video_metrics_real", "as_video_tensor",
-]  # fmt: skip
+    "CANVAS",
+    "DIGIT",
+    "FRAMES",
+    "DIRECTIONS",
+    "TEMPLATES",
+    "BENCH_TEMPLATES",
+    "EXTRA_WORDS",
+    "DIGIT_WORDS",
+    "make_clip",
+    "make_clips",
+    "video_caption",
+    "direction_of",
+    "training_prompts",
+    "bench_prompts",
+    "gray_frames",
+    "ink_centres",
+    "digit_windows",
+    "motion_directions",
+    "temporal_change",
+    "matched_real_clips",
+    "clip_floor_draws",
+    "video_metrics",
+    "video_metrics_real",
+    "as_video_tensor",
+]

@@ -34,8 +34,14 @@ from fastdiff.zoo.registry import register_model
 SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}, "bench": {}}
 
 
-def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2, dmd_steps: int = 4,
-                  batch: int = 8, guidance: float = 2.0) -> Path:  # fmt: skip
+def train_onestep(
+    out_dir: str | Path,
+    seed: int = 0,
+    progressive_steps: int = 2,
+    dmd_steps: int = 4,
+    batch: int = 8,
+    guidance: float = 2.0,
+) -> Path:
     """A small one-step digits student at ``guidance`` in ``out_dir`` (teacher: the shipped digits reference)."""
     from fastdiff.distill.dmd import dmd
     from fastdiff.distill.progressive import progressive
@@ -44,10 +50,27 @@ def train_onestep(out_dir: str | Path, seed: int = 0, progressive_steps: int = 2
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="fastdiff-onestep-") as work:
         teacher = install_digits(Path(work) / "digits")
-        progressive(teacher, Path(work) / "prog", start=2, end=1, steps_per_round=progressive_steps, batch=batch,
-                    guidance=guidance, seed=seed, progress=False)  # fmt: skip
-        dmd(teacher, Path(work) / "dmd", init=Path(work) / "prog" / "steps-1", guidance=guidance,
-            train_steps=dmd_steps, batch=batch, seed=seed, progress=False)  # fmt: skip
+        progressive(
+            teacher,
+            Path(work) / "prog",
+            start=2,
+            end=1,
+            steps_per_round=progressive_steps,
+            batch=batch,
+            guidance=guidance,
+            seed=seed,
+            progress=False,
+        )
+        dmd(
+            teacher,
+            Path(work) / "dmd",
+            init=Path(work) / "prog" / "steps-1",
+            guidance=guidance,
+            train_steps=dmd_steps,
+            batch=batch,
+            seed=seed,
+            progress=False,
+        )
         shutil.copytree(Path(work) / "dmd" / "steps-1", out, dirs_exist_ok=True)
     return out
 
@@ -60,8 +83,7 @@ def train_flow_onestep(out_dir: str | Path, seed: int = 0, dmd_steps: int = 4, b
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="fastdiff-flow-onestep-") as work:
         teacher = build("digits-flow", Path(work) / "digits-flow", size="test", seed=seed)
-        dmd(teacher, Path(work) / "dmd", guidance=1.5, train_steps=dmd_steps, batch=batch, seed=seed,
-            progress=False)  # fmt: skip
+        dmd(teacher, Path(work) / "dmd", guidance=1.5, train_steps=dmd_steps, batch=batch, seed=seed, progress=False)
         shutil.copytree(Path(work) / "dmd" / "steps-1", out, dirs_exist_ok=True)
     return out
 

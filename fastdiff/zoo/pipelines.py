@@ -72,9 +72,7 @@ class ClassConditionalPipeline(DiffusionPipeline):
     def _labels_tensor(self, class_labels) -> torch.Tensor:
         """Validate ``class_labels`` and return them as a long tensor on the execution device."""
         if self.unet.config.num_class_embeds is None:
-            raise ValueError(
-                "the UNet has no class embedding (num_class_embeds=None); it cannot be class-conditional"
-            )
+            raise ValueError("the UNet has no class embedding (num_class_embeds=None); it cannot be class-conditional")
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         labels = torch.as_tensor(class_labels).flatten()

@@ -46,7 +46,9 @@ from fastdiff.zoo.shipped import install_digits
 
 RESOLUTIONS = (16, 32)
 TEST_SIZE = 360
-BENCH_STEPS = 3000  # reaches FD ~ fd_floor; the shipped model (references/fastdiff_references/data/digits) is this build, seed 0
+BENCH_STEPS = (
+    3000  # reaches FD ~ fd_floor; the shipped model (references/fastdiff_references/data/digits) is this build, seed 0
+)
 SIZES = {
     "test": dict(steps=200, classifier_epochs=8, eval_per_class=0),
     "bench": dict(steps=BENCH_STEPS, classifier_epochs=30, eval_per_class=50),
@@ -77,10 +79,14 @@ def digits_split(resolution: int = 16, seed: int = 0, test_size: int = TEST_SIZE
         np.arange(len(labels)), test_size=test_size, stratify=labels, random_state=seed
     )
     return {
-        "x_train": images[train_idx], "y_train": labels[train_idx], "train_idx": train_idx,
-        "x_test": images[test_idx], "y_test": labels[test_idx], "test_idx": test_idx,
+        "x_train": images[train_idx],
+        "y_train": labels[train_idx],
+        "train_idx": train_idx,
+        "x_test": images[test_idx],
+        "y_test": labels[test_idx],
+        "test_idx": test_idx,
         "resolution": np.array(resolution),
-    }  # fmt: skip
+    }
 
 
 def build_reference(
@@ -121,8 +127,17 @@ def build_reference(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _build(Path(out_dir), steps, resolution, seed, resume, classifier_epochs, fd_samples,
-                      eval_per_class, train_options)  # fmt: skip
+        return _build(
+            Path(out_dir),
+            steps,
+            resolution,
+            seed,
+            resume,
+            classifier_epochs,
+            fd_samples,
+            eval_per_class,
+            train_options,
+        )
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -168,21 +183,24 @@ def _build(
     pipe.save_pretrained(out)
 
     report = {
-        "resolution": resolution, "seed": seed, "train": summary,
+        "resolution": resolution,
+        "seed": seed,
+        "train": summary,
         "classifier_test_accuracy": classifier_accuracy(classifier, split["x_test"], split["y_test"]),
         "classifier_seconds": round(classifier_seconds, 1),
         f"fd_floor_{fd_samples}": fd_floor(split["x_train"], split["x_test"], classifier, n=fd_samples, seed=seed),
-    }  # fmt: skip
+    }
     if eval_per_class > 0:
         pipe.scheduler = DDIMScheduler.from_config(
             pipe.scheduler.config, clip_sample=False, timestep_spacing="trailing"
         )
         images, labels = sample_digits(pipe, per_class=eval_per_class, steps=50, seed=seed)
         report["ddim50_trailing"] = {
-            "samples": len(labels), "accuracy": accuracy(images, labels, classifier),
+            "samples": len(labels),
+            "accuracy": accuracy(images, labels, classifier),
             "fd": fd(images, split["x_test"], classifier),
             "fd_floor": fd_floor(split["x_train"], split["x_test"], classifier, n=min(len(labels), 1437), seed=seed),
-        }  # fmt: skip
+        }
     _atomic_write_text(json.dumps(report, indent=2), out / "eval" / "report.json")
     return out
 
@@ -231,6 +249,16 @@ def build_digits(out_dir: Path, size: str = "bench", seed: int = 0, retrain: boo
 
 
 __all__ = [
-    "RESOLUTIONS", "BENCH_STEPS", "SIZES", "NULL_CLASS", "NUM_CLASSES", "digits_split", "reference_unet",
-    "training_scheduler", "train_unet", "build_reference", "sample_digits", "build_digits",
-]  # fmt: skip
+    "RESOLUTIONS",
+    "BENCH_STEPS",
+    "SIZES",
+    "NULL_CLASS",
+    "NUM_CLASSES",
+    "digits_split",
+    "reference_unet",
+    "training_scheduler",
+    "train_unet",
+    "build_reference",
+    "sample_digits",
+    "build_digits",
+]

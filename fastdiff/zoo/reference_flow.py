@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from diffusers import (
     AutoencoderKL,
-    FlowMatchEulerDiscreteScheduler,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
 )
@@ -46,66 +44,17 @@ from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokeni
 
 from fastdiff.train.loop import ema_updater, train
 from fastdiff.zoo.digit_captions import bench_prompts, stroke_words, training_prompts
+from fastdiff.zoo.reference_flow_parts import (
+    DEFAULT_GUIDANCE,
+    MAX_SEQUENCE_LENGTH,
+    PROMPT_DROPOUT,
+    SHIFT,
+    SIZES,
+    MultiplicityJointAttnProcessor,
+    make_scheduler,
+    make_transformer,
+)
 from fastdiff.zoo.registry import register_model
-
-LATENT_SIDE = 8
-MAX_SEQUENCE_LENGTH = 256  # the pipeline's default: this many zero "T5" tokens follow the CLIP tokens
-SHIFT = 1.0  # FlowMatchEulerDiscreteScheduler's shift: none at 8x8 latents (SD3 uses 3.0 at 128x128)
-DEFAULT_GUIDANCE = 1.5  # the guidance this model is benchmarked at (the pipeline's own default is 7.0)
-PROMPT_DROPOUT = 0.1
-SIZES = {
-    "test": dict(steps=40),
-    "bench": dict(
-        steps=18000
-    ),  # the shipped build: 2 h 13 min on one CPU thread (2.3 steps/s, a shared core)
-}
-
-
-def make_transformer(
-    joint_attention_dim: int = 128, pooled_projection_dim: int = 128
-) -> SD3Transformer2DModel:
-    """MMDiT on 4x8x8 latents: patch 2 (16 image tokens), 6 joint blocks, width 128 (4 heads of 32), 3.5M
-    parameters; context = the two CLIP encoders' penultimate states side by side (2 x 64 = 128 wide)."""
-    return SD3Transformer2DModel(
-        sample_size=LATENT_SIDE, patch_size=2, in_channels=4, out_channels=4, num_layers=6,
-        attention_head_dim=32, num_attention_heads=4, joint_attention_dim=joint_attention_dim,
-        caption_projection_dim=128, pooled_projection_dim=pooled_projection_dim, pos_embed_max_size=LATENT_SIDE // 2,
-    )  # fmt: skip
-
-
-def make_scheduler() -> FlowMatchEulerDiscreteScheduler:
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=SHIFT)
-
-
-class MultiplicityJointAttnProcessor:
-    """diffusers' ``JointAttnProcessor2_0`` where the last context token counts ``count`` times (a logit bias
-    of ``log(count)``): exactly the attention over ``count`` identical copies of it."""
-
-    def __init__(self, count: int):
-        self.log_count = math.log(count)
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
-        batch, image_tokens = hidden_states.shape[:2]
-
-        def heads(x, norm=None):
-            x = x.view(batch, -1, attn.heads, x.shape[-1] // attn.heads).transpose(1, 2)
-            return norm(x) if norm is not None else x
-
-        query = torch.cat([heads(attn.to_q(hidden_states), attn.norm_q),
-                           heads(attn.add_q_proj(encoder_hidden_states), attn.norm_added_q)], dim=2)  # fmt: skip
-        key = torch.cat([heads(attn.to_k(hidden_states), attn.norm_k),
-                         heads(attn.add_k_proj(encoder_hidden_states), attn.norm_added_k)], dim=2)  # fmt: skip
-        value = torch.cat(
-            [heads(attn.to_v(hidden_states)), heads(attn.add_v_proj(encoder_hidden_states))], dim=2
-        )
-        bias = torch.zeros(key.shape[2], dtype=query.dtype, device=query.device)
-        bias[-1] = self.log_count
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.view(1, -1))
-        out = out.transpose(1, 2).reshape(batch, -1, attn.heads * out.shape[-1]).to(query.dtype)
-        hidden_states, encoder_hidden_states = out[:, :image_tokens], out[:, image_tokens:]
-        if not attn.context_pre_only:
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return attn.to_out[1](attn.to_out[0](hidden_states)), encoder_hidden_states
 
 
 def load_text_encoder(directory: str | Path) -> CLIPTextModelWithProjection:
@@ -116,9 +65,7 @@ def load_text_encoder(directory: str | Path) -> CLIPTextModelWithProjection:
     directory = Path(directory)
     config = CLIPTextConfig.from_pretrained(directory)
     if config.projection_dim != config.hidden_size:
-        raise ValueError(
-            f"need projection_dim == hidden_size, got {config.projection_dim} and {config.hidden_size}"
-        )
+        raise ValueError(f"need projection_dim == hidden_size, got {config.projection_dim} and {config.hidden_size}")
     model = CLIPTextModelWithProjection(config)
     state = {k.removeprefix("text_model."): v for k, v in load_file(directory / "model.safetensors").items()}
     model.text_model.load_state_dict(state)  # strict: every CLIPTextModel weight, nothing else
@@ -156,10 +103,16 @@ def encode_latents(vae: AutoencoderKL, x_train: np.ndarray) -> tuple[torch.Tenso
 
 def make_pipeline(transformer, vae, tokenizer, text_encoder) -> StableDiffusion3Pipeline:
     return StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=make_scheduler(), vae=vae, text_encoder=text_encoder,
-        tokenizer=tokenizer, text_encoder_2=copy.deepcopy(text_encoder), tokenizer_2=tokenizer,
-        text_encoder_3=None, tokenizer_3=None,
-    )  # fmt: skip
+        transformer=transformer,
+        scheduler=make_scheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=copy.deepcopy(text_encoder),
+        tokenizer_2=tokenizer,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
 
 
 class FlowDenoiser(torch.nn.Module):
@@ -170,14 +123,32 @@ class FlowDenoiser(torch.nn.Module):
         self.transformer = transformer
 
     def forward(self, noisy, timestep, prompt_embeds, pooled):
-        return self.transformer(hidden_states=noisy, timestep=timestep, encoder_hidden_states=prompt_embeds,
-                                pooled_projections=pooled, return_dict=False)[0]  # fmt: skip
+        return self.transformer(
+            hidden_states=noisy,
+            timestep=timestep,
+            encoder_hidden_states=prompt_embeds,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0]
 
 
-def train_transformer(latents, prompt_embeds, pooled, allowed, steps: int, out: Path, seed: int,
-                      progress: bool = True, batch_size: int = 64, lr: float = 5e-4, ema_decay: float = 0.999,
-                      logit_mean: float = 0.0, logit_std: float = 1.0, resume: bool = True,
-                      stop_after: int | None = None):  # fmt: skip
+def train_transformer(
+    latents,
+    prompt_embeds,
+    pooled,
+    allowed,
+    steps: int,
+    out: Path,
+    seed: int,
+    progress: bool = True,
+    batch_size: int = 64,
+    lr: float = 5e-4,
+    ema_decay: float = 0.999,
+    logit_mean: float = 0.0,
+    logit_std: float = 1.0,
+    resume: bool = True,
+    stop_after: int | None = None,
+):
     """Rectified-flow training of a fresh transformer on the scaled latents; returns (EMA transformer, report).
 
     ``latents``: (posterior mean, std) already in the transformer's space; ``prompt_embeds`` / ``pooled``: the
@@ -202,24 +173,53 @@ def train_transformer(latents, prompt_embeds, pooled, allowed, steps: int, out: 
         sigma = sigmas[(u * len(sigmas)).long().clamp(max=len(sigmas) - 1)]
         s = sigma.view(-1, 1, 1, 1)
         noisy = (1.0 - s) * z0 + s * noise
-        pred = net(noisy.to(device), (sigma * 1000).to(device), prompt_embeds[prompt].to(device),
-                   pooled[prompt].to(device))  # fmt: skip
+        pred = net(
+            noisy.to(device), (sigma * 1000).to(device), prompt_embeds[prompt].to(device), pooled[prompt].to(device)
+        )
         return F.mse_loss(pred, (noise - z0).to(device))  # compute_loss_weighting_for_sd3: 1 for logit-normal
 
-    report = train(model, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   extra={"ema": ema}, after_step=ema_updater(ema, model, ema_decay), checkpoint="transformer_checkpoint.pt",
-                   log_name="transformer_loss.csv", desc="digits-flow transformer", save_every=100,
-                   resume=resume, stop_after=stop_after)  # fmt: skip
-    report.update(batch_size=batch_size, lr=lr, ema_decay=ema_decay, logit_mean=logit_mean, logit_std=logit_std,
-                  prompt_dropout=PROMPT_DROPOUT, shift=SHIFT)  # fmt: skip
+    report = train(
+        model,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out,
+        seed=seed,
+        progress=progress,
+        max_grad_norm=1.0,
+        extra={"ema": ema},
+        after_step=ema_updater(ema, model, ema_decay),
+        checkpoint="transformer_checkpoint.pt",
+        log_name="transformer_loss.csv",
+        desc="digits-flow transformer",
+        save_every=100,
+        resume=resume,
+        stop_after=stop_after,
+    )
+    report.update(
+        batch_size=batch_size,
+        lr=lr,
+        ema_decay=ema_decay,
+        logit_mean=logit_mean,
+        logit_std=logit_std,
+        prompt_dropout=PROMPT_DROPOUT,
+        shift=SHIFT,
+    )
     ema.cpu().eval()
     return ema.transformer, report
 
 
-def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps"], seed: int = 0,
-                         resume: bool = False, threads: int | None = None, progress: bool = True,
-                         sd_source: str | Path | None = None, stop_after: int | None = None,
-                         **train_kwargs) -> Path | None:  # fmt: skip
+def build_reference_flow(
+    out_dir: str | Path,
+    steps: int = SIZES["bench"]["steps"],
+    seed: int = 0,
+    resume: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+    sd_source: str | Path | None = None,
+    stop_after: int | None = None,
+    **train_kwargs,
+) -> Path | None:
     """Train digits-flow's transformer for exactly ``steps`` optimizer steps into ``out_dir``.
 
     The VAE, tokenizer and text encoder are digits-sd's (``sd_source``, default the shipped copy), frozen; the
@@ -244,14 +244,27 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
         prompts, allowed = training_prompts(y_train, stroke_words(x_train))
         with torch.no_grad():  # the pipeline's own encoding, with one zero "T5" token for the 256 it appends
             embeds, _, pooled, _ = pipe.encode_prompt(
-                prompts, None, None, device=torch.device("cpu"), do_classifier_free_guidance=False,
+                prompts,
+                None,
+                None,
+                device=torch.device("cpu"),
+                do_classifier_free_guidance=False,
                 max_sequence_length=1,
-            )  # fmt: skip
+            )
         print(f"digits-flow: training the transformer ({steps} steps) on digits-sd's frozen VAE and CLIP")
         transformer, report = train_transformer(
-            latents, embeds, pooled, allowed, steps, out, seed, progress, resume=resume, stop_after=stop_after,
+            latents,
+            embeds,
+            pooled,
+            allowed,
+            steps,
+            out,
+            seed,
+            progress,
+            resume=resume,
+            stop_after=stop_after,
             **train_kwargs,
-        )  # fmt: skip
+        )
     if report["steps"] < steps:
         print(f"digits-flow: stopped at step {report['steps']} of {steps}; continue with resume=True")
         return None
@@ -260,9 +273,15 @@ def build_reference_flow(out_dir: str | Path, steps: int = SIZES["bench"]["steps
     # the bench prompts and the guidance `fastdiff bench` uses for this model (``core.inputs.make_inputs``)
     settings = {"bench_prompts": bench_prompts(), "guidance": DEFAULT_GUIDANCE}
     (out / "eval" / "prompts.json").write_text(json.dumps(settings, indent=1))
-    report = {"kind": "digits-flow", "seed": seed, "transformer": report, "scaling_factor": scale,
-              "shift_factor": shift, "max_sequence_length": MAX_SEQUENCE_LENGTH,
-              "default_guidance": DEFAULT_GUIDANCE}  # fmt: skip
+    report = {
+        "kind": "digits-flow",
+        "seed": seed,
+        "transformer": report,
+        "scaling_factor": scale,
+        "shift_factor": shift,
+        "max_sequence_length": MAX_SEQUENCE_LENGTH,
+        "default_guidance": DEFAULT_GUIDANCE,
+    }
     (out / "eval" / "report.json").write_text(json.dumps(report, indent=2))
     return out
 
@@ -290,8 +309,14 @@ def load_flow_pipeline(directory: str | Path) -> StableDiffusion3Pipeline:
     return DiffusionPipeline.from_pretrained(str(directory), **null_components(directory))
 
 
-def evaluate_flow(model: str | Path, guidance_scales=(DEFAULT_GUIDANCE,), n: int = 500, steps: int = 28,
-                  seed: int = 0, threads: int | None = None) -> list[dict]:  # fmt: skip
+def evaluate_flow(
+    model: str | Path,
+    guidance_scales=(DEFAULT_GUIDANCE,),
+    n: int = 500,
+    steps: int = 28,
+    seed: int = 0,
+    threads: int | None = None,
+) -> list[dict]:
     """Accuracy, FD and FD floor of ``n`` images (the bench prompts cycled: n/10 per digit) per guidance scale,
     with the pipeline's own flow Euler sampler at ``steps`` steps; one seeded call per scale, as ``fastdiff
     bench --batch n`` makes it.
@@ -313,12 +338,25 @@ def evaluate_flow(model: str | Path, guidance_scales=(DEFAULT_GUIDANCE,), n: int
     rows = []
     for scale in guidance_scales:
         started = time.perf_counter()
-        images = pipe(prompt=prompts, guidance_scale=scale, num_inference_steps=steps, output_type="np",
-                      generator=torch.Generator().manual_seed(seed)).images  # fmt: skip
+        images = pipe(
+            prompt=prompts,
+            guidance_scale=scale,
+            num_inference_steps=steps,
+            output_type="np",
+            generator=torch.Generator().manual_seed(seed),
+        ).images
         seconds = time.perf_counter() - started
         quality = digits_sd_quality(pipe, {"prompt": prompts}, images, seed)
-        rows.append({"guidance": scale, "steps": steps, "images": n, "seed": seed, "seconds": round(seconds, 1),
-                     **{k: float(v) for k, v in quality.items()}})  # fmt: skip
+        rows.append(
+            {
+                "guidance": scale,
+                "steps": steps,
+                "images": n,
+                "seed": seed,
+                "seconds": round(seconds, 1),
+                **{k: float(v) for k, v in quality.items()},
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -364,23 +402,39 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the rows here")
-    c = sub.add_parser(
-        "select", help="choose the default guidance on selection seeds, report on report seeds"
-    )
+    c = sub.add_parser("select", help="choose the default guidance on selection seeds, report on report seeds")
     c.add_argument("model")
     c.add_argument("--steps", type=int, default=28)
     c.add_argument("--threads", type=int, default=None)
     add_selection_arguments(c, candidates=[1.0, 1.5, 2.0, 4.0], also=[], n=500)
     args = parser.parse_args(argv)
     if args.command == "select":
-        header = {"model": "digits-flow", "pipeline": "StableDiffusion3Pipeline", "steps": args.steps,
-                  "images": args.n, "shipped_default_guidance": DEFAULT_GUIDANCE, "target": TARGET}  # fmt: skip
-        select_guidance(lambda g, seed: evaluate_flow(args.model, (g,), args.n, args.steps, seed, args.threads)[0],
-                        args, header, {"accuracy": TARGET["accuracy_min"]}, TARGET["fd_max_over_floor"])  # fmt: skip
+        header = {
+            "model": "digits-flow",
+            "pipeline": "StableDiffusion3Pipeline",
+            "steps": args.steps,
+            "images": args.n,
+            "shipped_default_guidance": DEFAULT_GUIDANCE,
+            "target": TARGET,
+        }
+        select_guidance(
+            lambda g, seed: evaluate_flow(args.model, (g,), args.n, args.steps, seed, args.threads)[0],
+            args,
+            header,
+            {"accuracy": TARGET["accuracy_min"]},
+            TARGET["fd_max_over_floor"],
+        )
         return
     if args.command == "build":
-        build_reference_flow(args.out, steps=args.steps, seed=args.seed, resume=args.resume, threads=args.threads,
-                             stop_after=args.stop_after, lr=args.lr)  # fmt: skip
+        build_reference_flow(
+            args.out,
+            steps=args.steps,
+            seed=args.seed,
+            resume=args.resume,
+            threads=args.threads,
+            stop_after=args.stop_after,
+            lr=args.lr,
+        )
     else:
         rows = []
         for scale in args.guidance:  # one scale at a time, the JSON rewritten after each

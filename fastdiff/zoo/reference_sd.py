@@ -50,21 +50,32 @@ PROMPT_DROPOUT = 0.1  # the empty prompt is the unconditional branch of classifi
 def make_vae() -> AutoencoderKL:
     """1-channel 16 px images <-> 4x8x8 latents (32/64 channels)."""
     return AutoencoderKL(
-        in_channels=1, out_channels=1, latent_channels=4, sample_size=16, layers_per_block=1,
-        block_out_channels=(32, 64), norm_num_groups=8,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-    )  # fmt: skip
+        in_channels=1,
+        out_channels=1,
+        latent_channels=4,
+        sample_size=16,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        norm_num_groups=8,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+    )
 
 
 def make_unet(cross_attention_dim: int) -> UNet2DConditionModel:
     """SD-shaped UNet on 8x8 latents: cross-attention in the two upper levels (32/64/64 channels)."""
     return UNet2DConditionModel(
-        sample_size=LATENT_SIDE, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(32, 64, 64), norm_num_groups=8, attention_head_dim=8,
+        sample_size=LATENT_SIDE,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64, 64),
+        norm_num_groups=8,
+        attention_head_dim=8,
         cross_attention_dim=cross_attention_dim,
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    )  # fmt: skip
+    )
 
 
 def train_vae(x_train: np.ndarray, steps: int, out: Path, seed: int, progress: bool = True):
@@ -79,8 +90,19 @@ def train_vae(x_train: np.ndarray, steps: int, out: Path, seed: int, progress: b
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=g).to(device)
         return F.mse_loss(model.decode(z).sample, x) + 1e-6 * posterior.kl().mean()
 
-    report = train(vae, loss_fn, steps, lr=1e-3, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   checkpoint="vae_checkpoint.pt", log_name="vae_loss.csv", desc="digits-sd vae")  # fmt: skip
+    report = train(
+        vae,
+        loss_fn,
+        steps,
+        lr=1e-3,
+        out_dir=out,
+        seed=seed,
+        progress=progress,
+        max_grad_norm=1.0,
+        checkpoint="vae_checkpoint.pt",
+        log_name="vae_loss.csv",
+        desc="digits-sd vae",
+    )
     vae.cpu().eval()
     with torch.no_grad():
         posterior = vae.encode(images).latent_dist
@@ -101,8 +123,20 @@ class TextToLatent(torch.nn.Module):
         return self.unet(noisy, t, encoder_hidden_states=self.text_encoder(input_ids)[0]).sample
 
 
-def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, seed: int, progress: bool = True,
-                    batch_size: int = 64, lr: float = 1e-3, snr_gamma: float = 5.0, ema_decay: float = 0.999):  # fmt: skip
+def train_text_unet(
+    latents,
+    labels,
+    strokes,
+    tokenizer,
+    steps: int,
+    out: Path,
+    seed: int,
+    progress: bool = True,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    snr_gamma: float = 5.0,
+    ema_decay: float = 0.999,
+):
     """Epsilon-prediction training on the VAE's latents (SD's noise schedule, Min-SNR weights, EMA, prompt
     dropout); returns the EMA text encoder and UNet and the training report."""
     torch.manual_seed(seed)
@@ -111,9 +145,7 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
     # a module, not diffusers' EMAModel: the shared training loop checkpoints `extra` modules
     ema = copy.deepcopy(model)
     prompts, allowed = training_prompts(labels, strokes)
-    ids = tokenizer(
-        prompts, padding="max_length", max_length=MAX_TOKENS, truncation=True, return_tensors="pt"
-    )
+    ids = tokenizer(prompts, padding="max_length", max_length=MAX_TOKENS, truncation=True, return_tensors="pt")
     ids, allowed = ids.input_ids, torch.as_tensor(allowed)
     mean, std = latents
     noise_scheduler = DDPMScheduler.from_config(sd_scheduler().config)
@@ -131,9 +163,21 @@ def train_text_unet(latents, labels, strokes, tokenizer, steps: int, out: Path, 
         snr = compute_snr(noise_scheduler, t).to(device)  # Min-SNR weighting (Hang et al. 2023)
         return (per_sample * snr.clamp(max=snr_gamma) / snr).mean()
 
-    report = train(model, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   extra={"ema": ema}, after_step=ema_updater(ema, model, ema_decay), checkpoint="unet_checkpoint.pt",
-                   log_name="unet_loss.csv", desc="digits-sd unet")  # fmt: skip
+    report = train(
+        model,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out,
+        seed=seed,
+        progress=progress,
+        max_grad_norm=1.0,
+        extra={"ema": ema},
+        after_step=ema_updater(ema, model, ema_decay),
+        checkpoint="unet_checkpoint.pt",
+        log_name="unet_loss.csv",
+        desc="digits-sd unet",
+    )
     ema.cpu().eval()
     return ema.text_encoder, ema.unet, report
 
@@ -171,9 +215,15 @@ def digits_build(out: Path, threads: int | None, resume: bool, **steps: int):
         torch.set_num_threads(previous)
 
 
-def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae_steps"],
-                       unet_steps: int = SIZES["bench"]["unet_steps"], seed: int = 0, resume: bool = False,
-                       threads: int | None = None, progress: bool = True) -> Path:  # fmt: skip
+def build_reference_sd(
+    out_dir: str | Path,
+    vae_steps: int = SIZES["bench"]["vae_steps"],
+    unet_steps: int = SIZES["bench"]["unet_steps"],
+    seed: int = 0,
+    resume: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+) -> Path:
     """Train digits-sd (VAE, then text encoder + UNet) for exactly the given steps into ``out_dir``.
 
     The evaluation classifier and the train/test split are the digits reference's own (shipped, hash-checked),
@@ -185,22 +235,31 @@ def build_reference_sd(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae
     """
     out = Path(out_dir)
     with digits_build(out, threads, resume, vae_steps=vae_steps, unet_steps=unet_steps) as (x_train, y_train):
-        print(
-            f"digits-sd: training the VAE ({vae_steps} steps), then text encoder + UNet ({unet_steps} steps)"
-        )
+        print(f"digits-sd: training the VAE ({vae_steps} steps), then text encoder + UNet ({unet_steps} steps)")
         vae, vae_report, latents = train_vae(x_train, vae_steps, out, seed, progress)
         tokenizer = make_clip_tokenizer(COMMON_WORDS + EXTRA_WORDS, model_max_length=MAX_TOKENS)
         text_encoder, unet, unet_report = train_text_unet(
             latents, y_train, stroke_words(x_train), tokenizer, unet_steps, out, seed, progress
         )
     pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=sd_scheduler(),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
-    )  # fmt: skip
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=sd_scheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.save_pretrained(out)
     (out / "eval" / "prompts.json").write_text(json.dumps({"bench_prompts": bench_prompts()}, indent=1))
-    report = {"kind": "digits-sd", "seed": seed, "vae": vae_report, "text_unet": unet_report,
-              "scaling_factor": vae.config.scaling_factor}  # fmt: skip
+    report = {
+        "kind": "digits-sd",
+        "seed": seed,
+        "vae": vae_report,
+        "text_unet": unet_report,
+        "scaling_factor": vae.config.scaling_factor,
+    }
     (out / "eval" / "report.json").write_text(json.dumps(report, indent=2))
     return out
 

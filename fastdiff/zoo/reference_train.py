@@ -120,18 +120,14 @@ def train_unet(
     unet, optimizer = accelerator.prepare(unet, optimizer)
     ema = EMAModel(accelerator.unwrap_model(unet).parameters(), decay=0.999)
     noise_scheduler = training_scheduler()
-    generator = torch.Generator().manual_seed(
-        seed
-    )  # noise, timesteps, label dropout (on CPU: device-independent)
+    generator = torch.Generator().manual_seed(seed)  # noise, timesteps, label dropout (on CPU: device-independent)
     step, elapsed = 0, 0.0
     if resume and ckpt_path.is_file():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if state["resolution"] != resolution:
             raise ValueError(f"checkpoint has resolution {state['resolution']}, asked for {resolution}")
         if "generator" not in state:
-            raise ValueError(
-                f"{ckpt_path} is from the old time-budgeted trainer; start afresh without --resume"
-            )
+            raise ValueError(f"{ckpt_path} is from the old time-budgeted trainer; start afresh without --resume")
         accelerator.unwrap_model(unet).load_state_dict(state["unet"])
         optimizer.load_state_dict(state["optimizer"])
         ema.load_state_dict(state["ema"])
@@ -148,10 +144,16 @@ def train_unet(
 
     def save_checkpoint() -> None:
         state = {
-            "unet": accelerator.unwrap_model(unet).state_dict(), "optimizer": optimizer.state_dict(),
-            "ema": ema.state_dict(), "step": step, "elapsed_s": elapsed_now(),
-            "generator": generator.get_state(), "resolution": resolution, "seed": seed, "steps": steps,
-        }  # fmt: skip
+            "unet": accelerator.unwrap_model(unet).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "ema": ema.state_dict(),
+            "step": step,
+            "elapsed_s": elapsed_now(),
+            "generator": generator.get_state(),
+            "resolution": resolution,
+            "seed": seed,
+            "steps": steps,
+        }
         _atomic_torch_save(state, ckpt_path)
 
     recent_losses: list[float] = []
@@ -159,9 +161,12 @@ def train_unet(
     def write_log_row() -> None:
         steps_per_s = (step - start_step) / max(time.perf_counter() - run_start, 1e-9)
         row = {
-            "step": step, "loss": round(float(np.mean(recent_losses)), 5), "lr": optimizer.param_groups[0]["lr"],
-            "elapsed_s": round(elapsed_now(), 2), "steps_per_s": round(steps_per_s, 3),
-        }  # fmt: skip
+            "step": step,
+            "loss": round(float(np.mean(recent_losses)), 5),
+            "lr": optimizer.param_groups[0]["lr"],
+            "elapsed_s": round(elapsed_now(), 2),
+            "steps_per_s": round(steps_per_s, 3),
+        }
         log.write(json.dumps(row) + "\n")
         log.flush()
         bar.set_postfix(loss=f"{row['loss']:.4f}")
@@ -173,9 +178,7 @@ def train_unet(
 
     unet.train()
     if step < steps:
-        print(
-            f"training the digits UNet: steps {step} -> {steps} (batch {batch_size}, seed {seed})", flush=True
-        )
+        print(f"training the digits UNet: steps {step} -> {steps} (batch {batch_size}, seed {seed})", flush=True)
     bar = tqdm(total=steps, initial=min(step, steps), unit="step", desc="digits ddpm", dynamic_ncols=True)
     probe_start, probe_from = None, None
     with log_path.open("a") as log:
@@ -189,9 +192,7 @@ def train_unet(
             drop = torch.rand(labels.shape, generator=generator) < label_dropout
             labels = torch.where(drop, torch.full_like(labels, NULL_CLASS), labels)
             noise = torch.randn(x0.shape, generator=generator)
-            t = torch.randint(
-                0, noise_scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator
-            )
+            t = torch.randint(0, noise_scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator)
             x0, labels, noise, t = (v.to(device) for v in (x0, labels, noise, t))
             noisy = noise_scheduler.add_noise(x0, noise, t)
             per_sample = F.mse_loss(unet(noisy, t, class_labels=labels).sample, noise, reduction="none")
@@ -227,11 +228,16 @@ def train_unet(
     ema_unet = reference_unet(resolution)
     ema.copy_to(ema_unet.parameters())
     summary = {
-        "steps": step, "seed": seed, "train_seconds": round(elapsed + run_seconds, 1), "batch_size": batch_size,
-        "lr": lr, "snr_gamma": snr_gamma, "label_dropout": label_dropout,
+        "steps": step,
+        "seed": seed,
+        "train_seconds": round(elapsed + run_seconds, 1),
+        "batch_size": batch_size,
+        "lr": lr,
+        "snr_gamma": snr_gamma,
+        "label_dropout": label_dropout,
         "session_steps_per_s": round((step - start_step) / max(run_seconds, 1e-9), 3),
         "final_loss": float(np.mean(recent_losses)) if recent_losses else None,
-    }  # fmt: skip
+    }
     return ema_unet.eval(), summary
 
 

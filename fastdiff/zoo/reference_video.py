@@ -34,71 +34,26 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-from transformers import UMT5Config, UMT5EncoderModel
+from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 
 from fastdiff.train.loop import ema_updater, train
 from fastdiff.zoo import moving_digits as md
-from fastdiff.zoo import text_encoders as te
+from fastdiff.zoo.reference_video_parts import (
+    CONTEXT,
+    DEFAULT_GUIDANCE,
+    DEFAULT_STEPS,
+    FLOW_SHIFT,
+    PROMPT_DROPOUT,
+    SIZES,
+    VAE_FRAMES,
+    MultiplicityCrossAttnProcessor,
+    make_scheduler,
+    make_text_parts,
+    make_transformer,
+    make_vae,
+)
 from fastdiff.zoo.registry import register_model
 from fastdiff.zoo.shipped import BUILD_COMMAND_VIDEO
-from fastdiff.zoo.tiny_base import seeded
-from fastdiff.zoo.tiny_video import WAN_SCHEDULER
-
-CONTEXT = 512  # WanPipeline's max_sequence_length: every prompt is padded to this many tokens
-Z_DIM, VAE_FRAMES = 8, 5  # the VAE trains on 5-frame windows (one first frame, one chunk of 4)
-FLOW_SHIFT = 1.0  # no shift at 5x8x8 latents (Wan 2.1 uses 3.0 at 480p)
-DEFAULT_STEPS = 50  # WanPipeline's own default, with its UniPC sampler
-# WanPipeline's default guidance is 5.0 (tuned for Wan 2.1); this model's FD is lowest at 1.5 of 5, 4, 3, 2, 1.5, 1
-DEFAULT_GUIDANCE = 1.5
-PROMPT_DROPOUT = 0.1
-SIZES = {"test": dict(vae_steps=4, steps=4, images=40), "bench": dict(vae_steps=1200, steps=10000)}
-
-
-def make_vae() -> AutoencoderKLWan:
-    return AutoencoderKLWan(
-        base_dim=16, z_dim=Z_DIM, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[False, True],
-        latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM, scale_factor_temporal=2, scale_factor_spatial=4,
-    )  # fmt: skip
-
-
-def make_transformer(text_dim: int) -> WanTransformer3DModel:
-    """Wan DiT on 8x5x8x8 latents: patch (1, 2, 2) -> 80 tokens, 4 blocks of width 128 (4 heads of 32)."""
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2), in_channels=Z_DIM, out_channels=Z_DIM, text_dim=text_dim, freq_dim=64, ffn_dim=512,
-        num_layers=4, num_attention_heads=4, attention_head_dim=32, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=64,
-    )  # fmt: skip
-
-
-def make_text_parts(seed: int = 0):
-    """(tokenizer, frozen random UMT5 encoder) whose vocabulary holds every caption word."""
-    tokenizer = te.make_t5_tokenizer(model_max_length=CONTEXT, extra_words=md.EXTRA_WORDS)
-    config = te.t5_config(tokenizer, width=64, layers=2, heads=2)
-    encoder = seeded(seed, UMT5EncoderModel, UMT5Config(**config.to_dict()))
-    return tokenizer, encoder.eval().requires_grad_(False)
-
-
-def make_scheduler() -> UniPCMultistepScheduler:
-    return UniPCMultistepScheduler(**dict(WAN_SCHEDULER, flow_shift=FLOW_SHIFT))
-
-
-class MultiplicityCrossAttnProcessor:
-    """Wan's cross-attention (``WanAttnProcessor`` without image context) with a per-token logit bias: a zero
-    token with bias ``log(k)`` counts as ``k`` identical tokens. Set ``bias`` (batch, 1, 1, tokens) per call."""
-
-    bias: torch.Tensor | None = None
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        def heads(x):
-            return x.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-
-        query = heads(attn.norm_q(attn.to_q(hidden_states)))
-        key = heads(attn.norm_k(attn.to_k(encoder_hidden_states)))
-        value = heads(attn.to_v(encoder_hidden_states))
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=self.bias.to(query.dtype))
-        out = out.transpose(1, 2).flatten(2, 3).type_as(query)
-        return attn.to_out[1](attn.to_out[0](out))
 
 
 class VideoDenoiser(torch.nn.Module):
@@ -115,27 +70,42 @@ class VideoDenoiser(torch.nn.Module):
 
     def forward(self, noisy, timestep, context, bias):
         self.cross.bias = bias
-        return self.transformer(hidden_states=noisy, timestep=timestep, encoder_hidden_states=context,
-                                return_dict=False)[0]  # fmt: skip
+        return self.transformer(
+            hidden_states=noisy, timestep=timestep, encoder_hidden_states=context, return_dict=False
+        )[0]
 
 
 def compressed_prompts(pipe: WanPipeline, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """The pipeline's encodings of ``prompts`` cut to the longest prompt + 1 tokens, and the logit bias that
     makes the kept zero tokens count as all of the pipeline's ``CONTEXT - length`` zero tokens."""
-    lengths = [int(m.sum()) for m in pipe.tokenizer(prompts, padding="max_length", max_length=CONTEXT,
-                                                    truncation=True, return_tensors="pt").attention_mask]  # fmt: skip
+    lengths = [
+        int(m.sum())
+        for m in pipe.tokenizer(
+            prompts, padding="max_length", max_length=CONTEXT, truncation=True, return_tensors="pt"
+        ).attention_mask
+    ]
     kept = max(lengths) + 1
     with torch.no_grad():
-        embeds, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=kept,
-                                       device=torch.device("cpu"))  # fmt: skip
+        embeds, _ = pipe.encode_prompt(
+            prompts, do_classifier_free_guidance=False, max_sequence_length=kept, device=torch.device("cpu")
+        )
     bias = torch.zeros(len(prompts), kept)
     for i, length in enumerate(lengths):
         bias[i, length:] = math.log((CONTEXT - length) / (kept - length))
     return embeds, bias.view(len(prompts), 1, 1, kept)
 
 
-def train_vae(clips: np.ndarray, steps: int, out: Path, seed: int, progress: bool = True, batch_size: int = 8,
-              lr: float = 1e-3, kl_weight: float = 1e-4, resume: bool = True) -> tuple[AutoencoderKLWan, dict]:  # fmt: skip
+def train_vae(
+    clips: np.ndarray,
+    steps: int,
+    out: Path,
+    seed: int,
+    progress: bool = True,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    kl_weight: float = 1e-4,
+    resume: bool = True,
+) -> tuple[AutoencoderKLWan, dict]:
     """Reconstruction training on random 5-frame windows of ``clips`` (N, F, H, W); returns (vae, report)."""
     torch.manual_seed(seed)
     vae = make_vae()
@@ -150,16 +120,26 @@ def train_vae(clips: np.ndarray, steps: int, out: Path, seed: int, progress: boo
         kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1.0 - posterior.logvar).mean()
         return F.mse_loss(net.decode(z).sample, x) + kl_weight * kl
 
-    report = train(vae, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   checkpoint="vae_checkpoint.pt", log_name="vae_loss.csv", desc="moving-digits VAE",
-                   save_every=100, resume=resume)  # fmt: skip
+    report = train(
+        vae,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out,
+        seed=seed,
+        progress=progress,
+        max_grad_norm=1.0,
+        checkpoint="vae_checkpoint.pt",
+        log_name="vae_loss.csv",
+        desc="moving-digits VAE",
+        save_every=100,
+        resume=resume,
+    )
     report.update(batch_size=batch_size, lr=lr, kl_weight=kl_weight)
     return vae.cpu().eval().requires_grad_(False), report
 
 
-def encode_clips(
-    vae: AutoencoderKLWan, clips: np.ndarray, batch: int = 64
-) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_clips(vae: AutoencoderKLWan, clips: np.ndarray, batch: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Posterior mean and std of whole clips, normalised per channel; sets the VAE's latents_mean/std."""
     means, stds = [], []
     with torch.no_grad():
@@ -174,9 +154,21 @@ def encode_clips(
     return (mean - mu.view(view)) / sd.view(view), std / sd.view(view)
 
 
-def train_transformer(latents, context, bias, allowed, steps: int, out: Path, seed: int, progress: bool = True,
-                      batch_size: int = 32, lr: float = 5e-4, ema_decay: float = 0.999, resume: bool = True,
-                      stop_after: int | None = None):  # fmt: skip
+def train_transformer(
+    latents,
+    context,
+    bias,
+    allowed,
+    steps: int,
+    out: Path,
+    seed: int,
+    progress: bool = True,
+    batch_size: int = 32,
+    lr: float = 5e-4,
+    ema_decay: float = 0.999,
+    resume: bool = True,
+    stop_after: int | None = None,
+):
     """Rectified-flow training of a fresh transformer on normalised latents; returns (EMA transformer, report)."""
     torch.manual_seed(seed)
     model = VideoDenoiser(make_transformer(context.shape[-1]))
@@ -196,24 +188,43 @@ def train_transformer(latents, context, bias, allowed, steps: int, out: Path, se
         sigma = sigmas[(u * len(sigmas)).long().clamp(max=len(sigmas) - 1)]
         s = sigma.view(-1, 1, 1, 1, 1)
         noisy = (1.0 - s) * z0 + s * noise
-        pred = net(
-            noisy.to(device), (sigma * 1000).to(device), context[prompt].to(device), bias[prompt].to(device)
-        )
+        pred = net(noisy.to(device), (sigma * 1000).to(device), context[prompt].to(device), bias[prompt].to(device))
         return F.mse_loss(pred, (noise - z0).to(device))
 
-    report = train(model, loss_fn, steps, lr=lr, out_dir=out, seed=seed, progress=progress, max_grad_norm=1.0,
-                   extra={"ema": ema}, after_step=ema_updater(ema, model, ema_decay), checkpoint="transformer_checkpoint.pt",
-                   log_name="transformer_loss.csv", desc="moving-digits transformer", save_every=100,
-                   resume=resume, stop_after=stop_after)  # fmt: skip
+    report = train(
+        model,
+        loss_fn,
+        steps,
+        lr=lr,
+        out_dir=out,
+        seed=seed,
+        progress=progress,
+        max_grad_norm=1.0,
+        extra={"ema": ema},
+        after_step=ema_updater(ema, model, ema_decay),
+        checkpoint="transformer_checkpoint.pt",
+        log_name="transformer_loss.csv",
+        desc="moving-digits transformer",
+        save_every=100,
+        resume=resume,
+        stop_after=stop_after,
+    )
     report.update(batch_size=batch_size, lr=lr, ema_decay=ema_decay, prompt_dropout=PROMPT_DROPOUT)
     ema.cpu().eval()
     return ema.transformer, report
 
 
-def build_moving_digits(out_dir: str | Path, vae_steps: int = SIZES["bench"]["vae_steps"],
-                        steps: int = SIZES["bench"]["steps"], seed: int = 0, resume: bool = False,
-                        threads: int | None = None, progress: bool = True, stop_after: int | None = None,
-                        images: int | None = None) -> Path | None:  # fmt: skip
+def build_moving_digits(
+    out_dir: str | Path,
+    vae_steps: int = SIZES["bench"]["vae_steps"],
+    steps: int = SIZES["bench"]["steps"],
+    seed: int = 0,
+    resume: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    images: int | None = None,
+) -> Path | None:
     """Train moving-digits (VAE for ``vae_steps``, then the transformer for ``steps``) into ``out_dir``.
 
     The evaluation classifier and split are the digits reference's (shipped, hash-checked); the clips are made
@@ -235,29 +246,52 @@ def build_moving_digits(out_dir: str | Path, vae_steps: int = SIZES["bench"]["va
         vae, vae_report = train_vae(clips, vae_steps, out, seed, progress, resume=resume)
         latents = encode_clips(vae, clips)
         tokenizer, text_encoder = make_text_parts(seed)
-        pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=make_scheduler(),
-                           transformer=make_transformer(text_encoder.config.d_model))  # fmt: skip
+        pipe = WanPipeline(
+            tokenizer=tokenizer,
+            text_encoder=text_encoder,
+            vae=vae,
+            scheduler=make_scheduler(),
+            transformer=make_transformer(text_encoder.config.d_model),
+        )
         prompts, allowed = md.training_prompts(np.repeat(y_train, len(md.DIRECTIONS)), directions)
         context, bias = compressed_prompts(pipe, prompts)
         print(f"moving-digits: training the transformer ({steps} steps) on {len(prompts) - 1} captions")
-        transformer, report = train_transformer(latents, context, bias, allowed, steps, out, seed, progress,
-                                                resume=resume, stop_after=stop_after)  # fmt: skip
+        transformer, report = train_transformer(
+            latents, context, bias, allowed, steps, out, seed, progress, resume=resume, stop_after=stop_after
+        )
     if report["steps"] < steps:
         print(f"moving-digits: stopped at step {report['steps']} of {steps}; continue with resume=True")
         return None
     pipe.register_modules(transformer=transformer)
     pipe.save_pretrained(out)
-    settings = {"bench_prompts": md.bench_prompts(), "guidance": DEFAULT_GUIDANCE,
-                "call": {"height": md.CANVAS, "width": md.CANVAS, "num_frames": md.FRAMES}}  # fmt: skip
+    settings = {
+        "bench_prompts": md.bench_prompts(),
+        "guidance": DEFAULT_GUIDANCE,
+        "call": {"height": md.CANVAS, "width": md.CANVAS, "num_frames": md.FRAMES},
+    }
     (out / "eval" / "prompts.json").write_text(json.dumps(settings, indent=1))
-    report = {"kind": "moving-digits", "seed": seed, "images": len(x_train), "vae": vae_report, "transformer": report,
-              "default_guidance": DEFAULT_GUIDANCE, "default_steps": DEFAULT_STEPS, "flow_shift": FLOW_SHIFT}  # fmt: skip
+    report = {
+        "kind": "moving-digits",
+        "seed": seed,
+        "images": len(x_train),
+        "vae": vae_report,
+        "transformer": report,
+        "default_guidance": DEFAULT_GUIDANCE,
+        "default_steps": DEFAULT_STEPS,
+        "flow_shift": FLOW_SHIFT,
+    }
     (out / "eval" / "report.json").write_text(json.dumps(report, indent=2))
     return out
 
 
-def evaluate_video(model: str | Path, guidance: float = DEFAULT_GUIDANCE, n: int = 200,
-                   steps: int = DEFAULT_STEPS, seed: int = 0, threads: int | None = None) -> dict:  # fmt: skip
+def evaluate_video(
+    model: str | Path,
+    guidance: float = DEFAULT_GUIDANCE,
+    n: int = 200,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    threads: int | None = None,
+) -> dict:
     """The metrics of ``n`` clips (the bench prompts cycled) from one seeded call of the pipeline's own sampler.
 
     Example::
@@ -273,8 +307,14 @@ def evaluate_video(model: str | Path, guidance: float = DEFAULT_GUIDANCE, n: int
     pipe = WanPipeline.from_pretrained(str(model))
     pipe.set_progress_bar_config(disable=True)
     base = md.bench_prompts()
-    call = {"prompt": [base[i % len(base)] for i in range(n)], "guidance_scale": guidance,
-            "num_inference_steps": steps, "height": md.CANVAS, "width": md.CANVAS, "num_frames": md.FRAMES}  # fmt: skip
+    call = {
+        "prompt": [base[i % len(base)] for i in range(n)],
+        "guidance_scale": guidance,
+        "num_inference_steps": steps,
+        "height": md.CANVAS,
+        "width": md.CANVAS,
+        "num_frames": md.FRAMES,
+    }
     started = time.perf_counter()
     frames = pipe(**call, output_type="np", generator=torch.Generator().manual_seed(seed)).frames
     seconds = time.perf_counter() - started
@@ -297,10 +337,13 @@ def vae_reconstruction(vae: AutoencoderKLWan, reference, n: int = 50) -> dict[st
     digits = np.repeat(reference.y_test[:n], len(md.DIRECTIONS) * md.FRAMES)
     windows = md.digit_windows(frames)
     real = md.digit_windows(md.make_clips(reference.x_test)[0])
-    return {"psnr_test": float(10 * np.log10(1.0 / np.mean((frames - clips) ** 2))), "clips_test": len(clips),
-            "accuracy_test": accuracy(windows, digits, reference.classifier),
-            "fd_test": fd(windows, real, reference.classifier),
-            "fd_test_real": fd(md.digit_windows(clips), real, reference.classifier)}  # fmt: skip
+    return {
+        "psnr_test": float(10 * np.log10(1.0 / np.mean((frames - clips) ** 2))),
+        "clips_test": len(clips),
+        "accuracy_test": accuracy(windows, digits, reference.classifier),
+        "fd_test": fd(windows, real, reference.classifier),
+        "fd_test_real": fd(md.digit_windows(clips), real, reference.classifier),
+    }
 
 
 TARGET = {"accuracy_min": 0.9, "direction_accuracy_min": 0.9, "fd_max_over_floor": 3.0}
@@ -317,15 +360,22 @@ def build_results(model: str | Path, rows: list[dict]) -> dict:
     reference = load_reference_eval(model)
     vae = AutoencoderKLWan.from_pretrained(model / "vae").eval()
     default = [r for r in rows if r["guidance"] == report["default_guidance"] and r["steps"] == DEFAULT_STEPS]
-    met = bool(default) and all(r["accuracy"] >= 0.9 and r["direction_accuracy"] >= 0.9
-                                and r["fd"] <= 3 * r["fd_floor"] for r in default)  # fmt: skip
-    return {"model": "moving-digits", "pipeline": "WanPipeline", "build_command": BUILD_COMMAND_VIDEO,
-            "eval_command": "python -m fastdiff.zoo.reference_video eval DIR --json OUT.json",
-            "default_guidance": report["default_guidance"], "default_steps": DEFAULT_STEPS,
-            "training": report["transformer"], "vae": {**report["vae"], **vae_reconstruction(vae, reference)},
-            "real_clips": md.video_metrics_real(reference.x_test, reference.y_test, reference),
-            "target": {**TARGET, "met": met},
-            "rows": rows}  # fmt: skip
+    met = bool(default) and all(
+        r["accuracy"] >= 0.9 and r["direction_accuracy"] >= 0.9 and r["fd"] <= 3 * r["fd_floor"] for r in default
+    )
+    return {
+        "model": "moving-digits",
+        "pipeline": "WanPipeline",
+        "build_command": BUILD_COMMAND_VIDEO,
+        "eval_command": "python -m fastdiff.zoo.reference_video eval DIR --json OUT.json",
+        "default_guidance": report["default_guidance"],
+        "default_steps": DEFAULT_STEPS,
+        "training": report["transformer"],
+        "vae": {**report["vae"], **vae_reconstruction(vae, reference)},
+        "real_clips": md.video_metrics_real(reference.x_test, reference.y_test, reference),
+        "target": {**TARGET, "met": met},
+        "rows": rows,
+    }
 
 
 @register_model("moving-digits", sizes=tuple(SIZES))
@@ -363,29 +413,37 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--json", default=None, help="also write the rows here")
-    c = sub.add_parser(
-        "select", help="choose the default guidance on selection seeds, report on report seeds"
-    )
+    c = sub.add_parser("select", help="choose the default guidance on selection seeds, report on report seeds")
     c.add_argument("model")
     c.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     c.add_argument("--threads", type=int, default=None)
-    add_selection_arguments(
-        c, candidates=[1.0, 1.5, 2.0, 3.0, 5.0], also=[5.0], n=200
-    )  # WanPipeline's own: 5
+    add_selection_arguments(c, candidates=[1.0, 1.5, 2.0, 3.0, 5.0], also=[5.0], n=200)  # WanPipeline's own: 5
     args = parser.parse_args(argv)
     if args.command == "select":
-        header = {"model": "moving-digits", "pipeline": "WanPipeline", "steps": args.steps, "clips": args.n,
-                  "shipped_default_guidance": DEFAULT_GUIDANCE, "target": TARGET}  # fmt: skip
+        header = {
+            "model": "moving-digits",
+            "pipeline": "WanPipeline",
+            "steps": args.steps,
+            "clips": args.n,
+            "shipped_default_guidance": DEFAULT_GUIDANCE,
+            "target": TARGET,
+        }
         minimums = {
             "accuracy": TARGET["accuracy_min"],
             "direction_accuracy": TARGET["direction_accuracy_min"],
         }
-        select_guidance(lambda g, seed: evaluate_video(args.model, g, args.n, args.steps, seed, args.threads),
-                        args, header, minimums, TARGET["fd_max_over_floor"])  # fmt: skip
+        select_guidance(
+            lambda g, seed: evaluate_video(args.model, g, args.n, args.steps, seed, args.threads),
+            args,
+            header,
+            minimums,
+            TARGET["fd_max_over_floor"],
+        )
         return
     if args.command == "build":
-        build_moving_digits(args.out, args.vae_steps, args.steps, args.seed, args.resume, args.threads,
-                            stop_after=args.stop_after)  # fmt: skip
+        build_moving_digits(
+            args.out, args.vae_steps, args.steps, args.seed, args.resume, args.threads, stop_after=args.stop_after
+        )
         return
     rows = []
     for scale in args.guidance:

@@ -248,9 +248,13 @@ def _model(model: str) -> tuple[Path, dict[str, tuple[int, str]], str]:
 
 
 def _hint(model: str) -> str:
-    return REBUILD_HINT if model == "digits" else (
-        f"reinstall fastdiff-accel-references, or train the model yourself with `{_model(model)[2]}` and pass DIR as the model"
-    )  # fmt: skip
+    return (
+        REBUILD_HINT
+        if model == "digits"
+        else (
+            f"reinstall fastdiff-accel-references, or train the model yourself with `{_model(model)[2]}` and pass DIR as the model"
+        )
+    )
 
 
 def check_file(path: Path, name: str, model: str = "digits") -> None:
@@ -271,9 +275,7 @@ def check_file(path: Path, name: str, model: str = "digits") -> None:
         )
     actual = file_sha256(path)
     if actual != sha:
-        raise ShippedModelError(
-            f"{what} is corrupt (sha256 {actual[:16]}..., expected {sha[:16]}...); {_hint(model)}"
-        )
+        raise ShippedModelError(f"{what} is corrupt (sha256 {actual[:16]}..., expected {sha[:16]}...); {_hint(model)}")
 
 
 def verify(directory: str | Path, model: str = "digits") -> Path:
@@ -405,11 +407,34 @@ def ensure_digits(directory: str | Path) -> Path:
 
 
 __all__ = [
-    "DATA_DIR", "DATA_DIR_SD", "DATA_DIR_FLOW", "DATA_DIR_VIDEO", "DATA_DIR_ONESTEP", "BUILD_COMMAND",
-    "BUILD_COMMAND_SD", "BUILD_COMMAND_FLOW", "BUILD_COMMAND_VIDEO", "BUILD_COMMAND_ONESTEP", "SHIPPED",
-    "SHIPPED_SD", "SHIPPED_FLOW", "SHIPPED_VIDEO", "SHIPPED_ONESTEP", "DATA_DIR_ONESTEP_G1", "BUILD_COMMAND_ONESTEP_G1",
+    "DATA_DIR",
+    "DATA_DIR_SD",
+    "DATA_DIR_FLOW",
+    "DATA_DIR_VIDEO",
+    "DATA_DIR_ONESTEP",
+    "BUILD_COMMAND",
+    "BUILD_COMMAND_SD",
+    "BUILD_COMMAND_FLOW",
+    "BUILD_COMMAND_VIDEO",
+    "BUILD_COMMAND_ONESTEP",
+    "SHIPPED",
+    "SHIPPED_SD",
+    "SHIPPED_FLOW",
+    "SHIPPED_VIDEO",
+    "SHIPPED_ONESTEP",
+    "DATA_DIR_ONESTEP_G1",
+    "BUILD_COMMAND_ONESTEP_G1",
     "SHIPPED_ONESTEP_G1",
     "ShippedModelError",
-    "shipped_models", "file_sha256", "shipped_table", "check_file", "verify", "verify_digits", "is_installed",
-    "install", "install_or_train", "install_digits", "ensure_digits",
-]  # fmt: skip
+    "shipped_models",
+    "file_sha256",
+    "shipped_table",
+    "check_file",
+    "verify",
+    "verify_digits",
+    "is_installed",
+    "install",
+    "install_or_train",
+    "install_digits",
+    "ensure_digits",
+]

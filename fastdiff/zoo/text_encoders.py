@@ -54,8 +54,19 @@ PRINTABLE = [c for c in string.printable if not c.isspace()]
 
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 QWEN_VL_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-MISTRAL_SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
-                   "[IMG]", "[IMG_BREAK]", "[IMG_END]", "<pad>"]  # fmt: skip
+MISTRAL_SPECIAL = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[IMG]",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "<pad>",
+]
 
 # ChatML as Qwen2.5 / Qwen3 render it (text parts only); Qwen3 adds an empty think block when asked.
 QWEN_CHAT_TEMPLATE = (
@@ -277,9 +288,15 @@ def qwen2_5_vl_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads:
     """A Qwen2.5-VL config: text model with multimodal RoPE and a tiny vision tower (unused for text)."""
     head_dim = width // heads
     section = [head_dim // 8, head_dim // 8, head_dim // 4]  # temporal, height, width halves of RoPE
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in [
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>")]}  # fmt: skip
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(token)
+        for name, token in [
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+        ]
+    }
     return Qwen2_5_VLConfig(
         text_config=dict(
             **_decoder_fields(tokenizer, width, layers, heads, 3, 4096, chatml=True, head_dim=False),
@@ -309,7 +326,7 @@ def mistral3_config(tokenizer: Qwen2Tokenizer, width: int, layers: int, heads: i
             patch_size=8,
             num_channels=3,
             head_dim=8,
-        ),  # fmt: skip
+        ),
         image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
         spatial_merge_size=1,
         vision_feature_layer=-1,

@@ -57,21 +57,50 @@ from fastdiff.zoo.tokenizer import make_clip_tokenizer
 SIZES = ("test", "bench")
 SIDE = {"test": 32, "bench": 128}
 FRAMES = 9  # every family takes 4k+1 (LTX: 8k+1) frames; 9 is the shortest clip with temporal compression
-_HEADS = {"test": dict(num_attention_heads=2, attention_head_dim=16), "bench": dict(num_attention_heads=4, attention_head_dim=32)}  # fmt: skip
+_HEADS = {
+    "test": dict(num_attention_heads=2, attention_head_dim=16),
+    "bench": dict(num_attention_heads=4, attention_head_dim=32),
+}
 _LAYERS = {"test": 2, "bench": 4}
 _TEXT = {"test": dict(width=32, layers=2, heads=2), "bench": dict(width=64, layers=2, heads=2)}
 
 # The real schedulers' configs (scheduler_config.json of each family's released checkpoint).
-WAN_SCHEDULER = dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
-                     solver_order=2, solver_type="bh2", predict_x0=True, lower_order_final=True,
-                     timestep_spacing="linspace", final_sigmas_type="zero")  # Wan2.1 480p  # fmt: skip
-COGVIDEOX_SCHEDULER = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                           clip_sample=False, prediction_type="v_prediction", rescale_betas_zero_snr=True,
-                           set_alpha_to_one=True, snr_shift_scale=3.0, steps_offset=0,
-                           timestep_spacing="trailing")  # CogVideoX-2b  # fmt: skip
-LTX_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
-                     base_image_seq_len=1024, max_image_seq_len=4096, shift_terminal=0.1,
-                     time_shift_type="exponential")  # fmt: skip
+WAN_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    prediction_type="flow_prediction",
+    use_flow_sigmas=True,
+    flow_shift=3.0,
+    solver_order=2,
+    solver_type="bh2",
+    predict_x0=True,
+    lower_order_final=True,
+    timestep_spacing="linspace",
+    final_sigmas_type="zero",
+)  # Wan2.1 480p
+COGVIDEOX_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    clip_sample=False,
+    prediction_type="v_prediction",
+    rescale_betas_zero_snr=True,
+    set_alpha_to_one=True,
+    snr_shift_scale=3.0,
+    steps_offset=0,
+    timestep_spacing="trailing",
+)  # CogVideoX-2b
+LTX_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    shift=1.0,
+    use_dynamic_shifting=True,
+    base_shift=0.95,
+    max_shift=2.05,
+    base_image_seq_len=1024,
+    max_image_seq_len=4096,
+    shift_terminal=0.1,
+    time_shift_type="exponential",
+)
 HUNYUAN_SCHEDULER = dict(num_train_timesteps=1000, shift=7.0)
 
 
@@ -99,8 +128,16 @@ def _calm(transformer: torch.nn.Module, *names: str) -> torch.nn.Module:
 def _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer, **more) -> DiffusionPipeline:
     """``cls`` over these components (``more``: a second text encoder), its transformer's output calmed, in eval
     mode."""
-    return in_eval_mode(cls(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                            transformer=_calm(transformer, "proj_out"), **more))  # fmt: skip
+    return in_eval_mode(
+        cls(
+            tokenizer=tokenizer,
+            text_encoder=text_encoder,
+            vae=vae,
+            scheduler=scheduler,
+            transformer=_calm(transformer, "proj_out"),
+            **more,
+        )
+    )
 
 
 def make_tiny_wan(size: str = "test", seed: int = 0, image_to_video: bool = False) -> WanPipeline:
@@ -109,15 +146,33 @@ def make_tiny_wan(size: str = "test", seed: int = 0, image_to_video: bool = Fals
     also reads the first frame's latents and a 4-channel frame mask)."""
     tokenizer, text_encoder = _t5(size, seed, 512, umt5=True)
     z_dim = 4 if size == "test" else 16
-    vae = seeded(seed, AutoencoderKLWan, base_dim=8 if size == "test" else 16, z_dim=z_dim, dim_mult=[1, 1, 2, 2],
-                 num_res_blocks=1, temperal_downsample=[False, True, True], latents_mean=[0.0] * z_dim,
-                 latents_std=[1.0] * z_dim)  # fmt: skip
+    vae = seeded(
+        seed,
+        AutoencoderKLWan,
+        base_dim=8 if size == "test" else 16,
+        z_dim=z_dim,
+        dim_mult=[1, 1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    )
     condition = z_dim + vae.config.scale_factor_temporal if image_to_video else 0
     transformer = seeded(
-        seed, WanTransformer3DModel, patch_size=(1, 2, 2), in_channels=z_dim + condition, out_channels=z_dim,
-        text_dim=text_encoder.config.d_model, freq_dim=32, ffn_dim=2 * _width(size), num_layers=_LAYERS[size],
-        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=64, **_HEADS[size],
-    )  # fmt: skip
+        seed,
+        WanTransformer3DModel,
+        patch_size=(1, 2, 2),
+        in_channels=z_dim + condition,
+        out_channels=z_dim,
+        text_dim=text_encoder.config.d_model,
+        freq_dim=32,
+        ffn_dim=2 * _width(size),
+        num_layers=_LAYERS[size],
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=64,
+        **_HEADS[size],
+    )
     cls = WanImageToVideoPipeline if image_to_video else WanPipeline
     return _pipeline(cls, UniPCMultistepScheduler(**WAN_SCHEDULER), tokenizer, text_encoder, vae, transformer)
 
@@ -128,18 +183,33 @@ def make_tiny_cogvideox(size: str = "test", seed: int = 0, image_to_video: bool 
     concatenated on the channels, as CogVideoX-5b-I2V does)."""
     tokenizer, text_encoder = _t5(size, seed, 226)
     vae = seeded(  # 8x spatial compression, 4x temporal
-        seed, AutoencoderKLCogVideoX, down_block_types=("CogVideoXDownBlock3D",) * 4,
-        up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8,) * 4 if size == "test" else (16, 32, 32, 32),
-        latent_channels=4 if size == "test" else 16, layers_per_block=1, norm_num_groups=2 if size == "test" else 8,
+        seed,
+        AutoencoderKLCogVideoX,
+        down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4,
+        block_out_channels=(8,) * 4 if size == "test" else (16, 32, 32, 32),
+        latent_channels=4 if size == "test" else 16,
+        layers_per_block=1,
+        norm_num_groups=2 if size == "test" else 8,
         temporal_compression_ratio=4,
-    )  # fmt: skip
+    )
     latent = SIDE[size] // 8
     transformer = seeded(
-        seed, CogVideoXTransformer3DModel, in_channels=vae.config.latent_channels * (2 if image_to_video else 1),
-        out_channels=vae.config.latent_channels, time_embed_dim=_width(size), text_embed_dim=text_encoder.config.d_model,
-        num_layers=_LAYERS[size], sample_width=latent, sample_height=latent, sample_frames=FRAMES, patch_size=2,
-        temporal_compression_ratio=4, max_text_seq_length=226, **_HEADS[size],
-    )  # fmt: skip
+        seed,
+        CogVideoXTransformer3DModel,
+        in_channels=vae.config.latent_channels * (2 if image_to_video else 1),
+        out_channels=vae.config.latent_channels,
+        time_embed_dim=_width(size),
+        text_embed_dim=text_encoder.config.d_model,
+        num_layers=_LAYERS[size],
+        sample_width=latent,
+        sample_height=latent,
+        sample_frames=FRAMES,
+        patch_size=2,
+        temporal_compression_ratio=4,
+        max_text_seq_length=226,
+        **_HEADS[size],
+    )
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_SCHEDULER)
     cls = CogVideoXImageToVideoPipeline if image_to_video else CogVideoXPipeline
     return _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer)
@@ -152,16 +222,30 @@ def make_tiny_ltx(size: str = "test", seed: int = 0, image_to_video: bool = Fals
     tokenizer, text_encoder = _t5(size, seed, 128)
     channels = (8, 8, 8, 8) if size == "test" else (16, 32, 32, 32)
     vae = seeded(
-        seed, AutoencoderKLLTXVideo, latent_channels=8 if size == "test" else 32, block_out_channels=channels,
-        decoder_block_out_channels=channels, layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5,
-        spatio_temporal_scaling=(True, True, True, False), decoder_spatio_temporal_scaling=(True, True, True, False),
-        patch_size=4, patch_size_t=1, encoder_causal=True, decoder_causal=False,
-    )  # fmt: skip
+        seed,
+        AutoencoderKLLTXVideo,
+        latent_channels=8 if size == "test" else 32,
+        block_out_channels=channels,
+        decoder_block_out_channels=channels,
+        layers_per_block=(1,) * 5,
+        decoder_layers_per_block=(1,) * 5,
+        spatio_temporal_scaling=(True, True, True, False),
+        decoder_spatio_temporal_scaling=(True, True, True, False),
+        patch_size=4,
+        patch_size_t=1,
+        encoder_causal=True,
+        decoder_causal=False,
+    )
     transformer = seeded(
-        seed, LTXVideoTransformer3DModel, in_channels=vae.config.latent_channels,
-        out_channels=vae.config.latent_channels, cross_attention_dim=_width(size), num_layers=_LAYERS[size],
-        caption_channels=text_encoder.config.d_model, **_HEADS[size],
-    )  # fmt: skip
+        seed,
+        LTXVideoTransformer3DModel,
+        in_channels=vae.config.latent_channels,
+        out_channels=vae.config.latent_channels,
+        cross_attention_dim=_width(size),
+        num_layers=_LAYERS[size],
+        caption_channels=text_encoder.config.d_model,
+        **_HEADS[size],
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(**LTX_SCHEDULER)
     cls = LTXImageToVideoPipeline if image_to_video else LTXPipeline
     return _pipeline(cls, scheduler, tokenizer, text_encoder, vae, transformer)
@@ -176,22 +260,47 @@ def make_tiny_hunyuan_video(size: str = "test", seed: int = 0) -> HunyuanVideoPi
     clip = seeded(seed, CLIPTextModel, text_config(clip_tokenizer, hidden=32, layers=2, heads=4))
     channels = (8,) * 4 if size == "test" else (16, 32, 32, 32)
     vae = seeded(
-        seed, AutoencoderKLHunyuanVideo, latent_channels=4 if size == "test" else 16,
-        down_block_types=("HunyuanVideoDownBlock3D",) * 4, up_block_types=("HunyuanVideoUpBlock3D",) * 4,
-        block_out_channels=channels, layers_per_block=1, norm_num_groups=4, scaling_factor=0.476986,
-        spatial_compression_ratio=8, temporal_compression_ratio=4, mid_block_add_attention=True,
-    )  # fmt: skip
+        seed,
+        AutoencoderKLHunyuanVideo,
+        latent_channels=4 if size == "test" else 16,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4,
+        block_out_channels=channels,
+        layers_per_block=1,
+        norm_num_groups=4,
+        scaling_factor=0.476986,
+        spatial_compression_ratio=8,
+        temporal_compression_ratio=4,
+        mid_block_add_attention=True,
+    )
     head = _HEADS[size]["attention_head_dim"]
     transformer = seeded(
-        seed, HunyuanVideoTransformer3DModel, in_channels=vae.config.latent_channels,
-        out_channels=vae.config.latent_channels, num_layers=_LAYERS[size] // 2 + 1, num_single_layers=_LAYERS[size],
-        num_refiner_layers=1, patch_size=2, patch_size_t=1, guidance_embeds=True,
-        text_embed_dim=text_encoder.config.hidden_size, pooled_projection_dim=clip.config.hidden_size,
-        rope_axes_dim=(head // 4, 3 * head // 8, 3 * head // 8), **_HEADS[size],
-    )  # fmt: skip
+        seed,
+        HunyuanVideoTransformer3DModel,
+        in_channels=vae.config.latent_channels,
+        out_channels=vae.config.latent_channels,
+        num_layers=_LAYERS[size] // 2 + 1,
+        num_single_layers=_LAYERS[size],
+        num_refiner_layers=1,
+        patch_size=2,
+        patch_size_t=1,
+        guidance_embeds=True,
+        text_embed_dim=text_encoder.config.hidden_size,
+        pooled_projection_dim=clip.config.hidden_size,
+        rope_axes_dim=(head // 4, 3 * head // 8, 3 * head // 8),
+        **_HEADS[size],
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(**HUNYUAN_SCHEDULER)
-    return _pipeline(HunyuanVideoPipeline, scheduler, tokenizer, text_encoder, vae, transformer,
-                     tokenizer_2=clip_tokenizer, text_encoder_2=clip)  # fmt: skip
+    return _pipeline(
+        HunyuanVideoPipeline,
+        scheduler,
+        tokenizer,
+        text_encoder,
+        vae,
+        transformer,
+        tokenizer_2=clip_tokenizer,
+        text_encoder_2=clip,
+    )
 
 
 VIDEO_MAKERS: dict[str, Callable[[str, int], DiffusionPipeline]] = {

@@ -91,9 +91,7 @@ def write_vocab_files(out_dir: str | Path, words: str = COMMON_WORDS) -> tuple[P
     out.mkdir(parents=True, exist_ok=True)
     vocab_file, merges_file = out / "vocab.json", out / "merges.txt"
     vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    merges_file.write_text(
-        "#version: 0.2\n" + "\n".join(" ".join(pair) for pair in merges) + "\n", encoding="utf-8"
-    )
+    merges_file.write_text("#version: 0.2\n" + "\n".join(" ".join(pair) for pair in merges) + "\n", encoding="utf-8")
     return vocab_file, merges_file
 
 

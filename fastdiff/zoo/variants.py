@@ -81,12 +81,13 @@ def _transformer_controlnet(transformer, seed: int):
     config = transformer.config
     if type(transformer).__name__.startswith("Flux"):
         return FluxControlNetModel.from_transformer(
-            transformer, num_layers=1, num_single_layers=1, attention_head_dim=config.attention_head_dim,
+            transformer,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=config.attention_head_dim,
             num_attention_heads=config.num_attention_heads,
-        ).eval()  # fmt: skip
-    return SD3ControlNetModel.from_transformer(
-        transformer, num_layers=1, num_extra_conditioning_channels=0
-    ).eval()
+        ).eval()
+    return SD3ControlNetModel.from_transformer(transformer, num_layers=1, num_extra_conditioning_channels=0).eval()
 
 
 def _adapter(unet, seed: int, vae_factor: int) -> T2IAdapter:

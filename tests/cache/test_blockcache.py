@@ -87,8 +87,15 @@ def test_first_block_matches_diffusers_where_it_skips_steps_on_the_trained_movin
     pipe.set_progress_bar_config(disable=True)
 
     def frames(target):
-        return target(prompt=md.bench_prompts()[:2], num_inference_steps=12, height=md.CANVAS, width=md.CANVAS,
-                      num_frames=md.FRAMES, output_type="np", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+        return target(
+            prompt=md.bench_prompts()[:2],
+            num_inference_steps=12,
+            height=md.CANVAS,
+            width=md.CANVAS,
+            num_frames=md.FRAMES,
+            output_type="np",
+            generator=torch.Generator().manual_seed(0),
+        ).frames
 
     base = frames(pipe)
     pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
@@ -129,9 +136,7 @@ def test_interval_reuse_is_exact_for_identical_inputs():
     for step in (0, 1):
         ctx.step = step
         with torch.no_grad():
-            outputs.append(
-                model(latents, timestep=torch.tensor([500, 500]), class_labels=torch.tensor([1, 2])).sample
-            )
+            outputs.append(model(latents, timestep=torch.tensor([500, 500]), class_labels=torch.tensor([1, 2])).sample)
     handle.remove()
     counter.handle.remove()
     assert counter.calls == 1
@@ -167,9 +172,7 @@ def test_bad_options_and_unsupported_models(dit):
         dit.accelerate("blockcache(mode=first-block);blockcache(mode=interval)")
     assert [str(c) for c in dit.accelerators] == ["scheduler(name=dpm++2m,steps=8)"]
     sd = FastPipeline(make_pipeline("tiny-sd", "test"))
-    with pytest.raises(
-        UnsupportedModelError, match="blockcache needs a transformer.*UNet2DConditionModel.*deepcache"
-    ):
+    with pytest.raises(UnsupportedModelError, match="blockcache needs a transformer.*UNet2DConditionModel.*deepcache"):
         sd.accelerate("blockcache(mode=interval)")
     assert sd.accelerators == ()
     with pytest.raises(UnsupportedModelError, match="deepcache needs a UNet.*DiTTransformer2DModel"):

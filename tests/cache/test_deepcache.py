@@ -166,9 +166,7 @@ def test_schedules():
     except Exception:  # the package's pipeline module needs an older diffusers
         return
     for steps, count, center in [(50, 10, 15), (20, 7, 6), (25, 13, 8)]:
-        assert quad_center_steps(steps, count, center) == list(
-            sample_from_quad_center(steps, count, center, 1.4)[0]
-        )
+        assert quad_center_steps(steps, count, center) == list(sample_from_quad_center(steps, count, center, 1.4)[0])
 
 
 def test_bad_options_and_unsupported_models(sd):
@@ -184,9 +182,7 @@ def test_bad_options_and_unsupported_models(sd):
         sd.accelerate("deepcache(branch=4)")
     assert [str(c) for c in sd.accelerators] == ["scheduler(name=dpm++2m,steps=8)"]
     dit = FastPipeline(make_pipeline("tiny-dit", "test"))
-    with pytest.raises(
-        UnsupportedModelError, match="deepcache needs a UNet.*DiTTransformer2DModel.*blockcache"
-    ):
+    with pytest.raises(UnsupportedModelError, match="deepcache needs a UNet.*DiTTransformer2DModel.*blockcache"):
         dit.accelerate("deepcache(interval=3)")
     assert dit.accelerators == ()
     with pytest.raises(UnsupportedModelError, match="blockcache needs a transformer.*UNet2DConditionModel"):

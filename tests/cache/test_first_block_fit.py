@@ -32,8 +32,22 @@ def fitted(tmp_path_factory):
     root = tmp_path_factory.mktemp("first-block-fit")
     make_pipeline("tiny-sd3").save_pretrained(root / "model")
     out = root / "fit.json"
-    main(["fit-first-block", str(root / "model"), "--steps", str(STEPS), "--batch", str(BATCH),
-          "--psnr", str(BUDGET), "--seed", str(SEED), "--out", str(out)])  # fmt: skip
+    main(
+        [
+            "fit-first-block",
+            str(root / "model"),
+            "--steps",
+            str(STEPS),
+            "--batch",
+            str(BATCH),
+            "--psnr",
+            str(BUDGET),
+            "--seed",
+            str(SEED),
+            "--out",
+            str(out),
+        ]
+    )
     fp = FastPipeline.from_pretrained(root / "model")
     fp.set_progress_bar_config(disable=True)
     return fp, out, json.loads(out.read_text())
@@ -45,8 +59,9 @@ def images_and_trace(fp, spec: str | None) -> tuple[np.ndarray, list]:
     handle = fp.accelerate(spec) if spec else None
     try:
         kwargs = make_inputs(fp.pipe, BATCH)
-        images = fp(**kwargs, num_inference_steps=STEPS, output_type="np",
-                    generator=torch.Generator().manual_seed(SEED)).images  # fmt: skip
+        images = fp(
+            **kwargs, num_inference_steps=STEPS, output_type="np", generator=torch.Generator().manual_seed(SEED)
+        ).images
         trace = list(handle.handles[0].info["state"].trace) if handle else []
     finally:
         if handle is not None:

@@ -94,9 +94,7 @@ def test_after_warmup_moves_the_first_full_step_as_diffusers_taylorseer_does():
         context.step = step
         toy(torch.ones(1, 2))
     assert toy.ran == [0, 1, 2] + list(range(4, 28, 3))
-    with pytest.raises(
-        AcceleratorError, match="after_warmup must be an integer from 0 to interval - 1 = 2, got 3"
-    ):
+    with pytest.raises(AcceleratorError, match="after_warmup must be an integer from 0 to interval - 1 = 2, got 3"):
         fastdiff.parse("forecast(interval=3,after_warmup=3)")
 
 
@@ -207,9 +205,7 @@ def test_attention_forecast_runs_every_call_but_predicts_attention(pipes):
     np.testing.assert_array_equal(call(fp, steps=12, guidance=4.0), base)
     assert not state_differences(state, module_state(fp.pipe))  # no hook registry or instance forward left
     unet = FastPipeline(pipes["tiny-sd"])
-    with pytest.raises(
-        UnsupportedModelError, match="needs a transformer denoiser; UNet2DConditionModel is a unet"
-    ):
+    with pytest.raises(UnsupportedModelError, match="needs a transformer denoiser; UNet2DConditionModel is a unet"):
         unet.accelerate("forecast(at=attention)")
     assert unet.accelerators == ()
     with pytest.raises(AcceleratorError, match="choose one of output, attention"):

@@ -20,16 +20,22 @@ from fastdiff.zoo.tiny import make_pipeline
 
 # family -> the first block's attention submodule, which takes the modulated input as its hidden states
 WITH_FACTS = {
-    "tiny-flux": "attn", "tiny-sd3": "attn", "tiny-hunyuan-video": "attn", "tiny-pixart-sigma": "attn1",
-    "tiny-sana": "attn1", "tiny-wan": "attn1", "tiny-ltx": "attn1",
-}  # fmt: skip
+    "tiny-flux": "attn",
+    "tiny-sd3": "attn",
+    "tiny-hunyuan-video": "attn",
+    "tiny-pixart-sigma": "attn1",
+    "tiny-sana": "attn1",
+    "tiny-wan": "attn1",
+    "tiny-ltx": "attn1",
+}
 REFUSED = ("tiny-qwen-image", "tiny-zimage", "tiny-cogvideox", "tiny-dit")
 
 
 def call(pipe, target=None, steps: int = 6) -> np.ndarray:
     kwargs = make_inputs(pipe, 1)
-    out = (target or pipe)(**kwargs, num_inference_steps=steps, output_type="np",
-                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = (target or pipe)(
+        **kwargs, num_inference_steps=steps, output_type="np", generator=torch.Generator().manual_seed(0)
+    )
     return pixels(out)
 
 
@@ -46,8 +52,10 @@ def test_indicator_is_the_input_the_first_attention_receives(name):
     def on_attention(module, args, kwargs):
         seen.setdefault("attention", kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
 
-    hooks = [first.register_forward_pre_hook(on_block, with_kwargs=True),
-             getattr(first, WITH_FACTS[name]).register_forward_pre_hook(on_attention, with_kwargs=True)]  # fmt: skip
+    hooks = [
+        first.register_forward_pre_hook(on_block, with_kwargs=True),
+        getattr(first, WITH_FACTS[name]).register_forward_pre_hook(on_attention, with_kwargs=True),
+    ]
     try:
         call(pipe, steps=2)
     finally:
@@ -56,9 +64,7 @@ def test_indicator_is_the_input_the_first_attention_receives(name):
     torch.testing.assert_close(seen["indicator"], seen["attention"].to(seen["indicator"].dtype))
 
 
-@pytest.mark.parametrize(
-    "name", [n for n in WITH_FACTS if n != "tiny-flux"]
-)  # Flux: tests/core/test_coexist_flow.py
+@pytest.mark.parametrize("name", [n for n in WITH_FACTS if n != "tiny-flux"])  # Flux: tests/core/test_coexist_flow.py
 def test_teacache_skips_blocks_and_removes_exactly(name):
     pipe = make_pipeline(name)
     pipe.set_progress_bar_config(disable=True)
@@ -90,8 +96,10 @@ def computed_and_changes(fp, spec: str | None, steps: int = 8) -> tuple[list[int
     def on_first(module, args, kwargs):  # a torch pre-hook: runs whether or not blockcache skips the block
         modulated[fp.context.step] = module.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0]
 
-    hooks = [blocks[0].register_forward_pre_hook(on_first, with_kwargs=True),
-             blocks[-1].attn.to_q.register_forward_pre_hook(lambda *_: computed.append(fp.context.step))]  # fmt: skip
+    hooks = [
+        blocks[0].register_forward_pre_hook(on_first, with_kwargs=True),
+        blocks[-1].attn.to_q.register_forward_pre_hook(lambda *_: computed.append(fp.context.step)),
+    ]
     handle = fp.accelerate(spec) if spec else None
     try:
         call(fp.pipe, fp, steps=steps)
@@ -127,14 +135,26 @@ def test_fit_teacache_command_fits_at_the_guidance_asked_and_its_fit_decides_the
     fits = {}
     for guidance in (1.0, 5.0):
         out = tmp_path / f"fit-{guidance}.json"
-        main(["fit-teacache", str(tmp_path / "model"), "--steps", "8", "--calls", "1", "--batch", "1",
-              "--guidance", str(guidance), "--out", str(out)])  # fmt: skip
+        main(
+            [
+                "fit-teacache",
+                str(tmp_path / "model"),
+                "--steps",
+                "8",
+                "--calls",
+                "1",
+                "--batch",
+                "1",
+                "--guidance",
+                str(guidance),
+                "--out",
+                str(out),
+            ]
+        )
         fits[guidance] = json.loads(out.read_text())
     low, high = fits[1.0], fits[5.0]
     assert low["model"] == "SD3Transformer2DModel" and low["points"] == 7 and len(low["coefficients"]) == 5
-    assert (
-        np.isfinite(low["rms_error"]) and low["coefficients"] != high["coefficients"]
-    )  # guidance reached the calls
+    assert np.isfinite(low["rms_error"]) and low["coefficients"] != high["coefficients"]  # guidance reached the calls
     constant = tmp_path / "constant.json"  # a rescaling that ignores the change: 0.2 a step
     constant.write_text(json.dumps({"model": "SD3Transformer2DModel", "coefficients": [0.2]}))
     fp = FastPipeline.from_pretrained(tmp_path / "model")

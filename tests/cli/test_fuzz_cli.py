@@ -54,9 +54,7 @@ def required_argv(words, model=MISSING) -> list[str]:
         elif a.required:
             value = VALID.get(a.dest) or (a.choices and list(a.choices)[0])
             if value is None:
-                value = (
-                    "base=" if a.type is named_specs else "" if a.type is accel_specs else f"{MISSING}/out"
-                )
+                value = "base=" if a.type is named_specs else "" if a.type is accel_specs else f"{MISSING}/out"
                 value = str(a.type.low) if isinstance(a.type, IntRange) else value
             argv += [a.option_strings[0], str(value)]
     return argv
@@ -88,12 +86,8 @@ def check_usage_error(code, out, err, expect=None) -> str:
 
 
 PLAIN = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
-LONG = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=200, max_size=400
-)
-NOT_A_NUMBER = st.one_of(
-    PLAIN, st.sampled_from(["nan", "inf", "-inf", "1e999", "1.5", "0x10", "", " ", "3 4"])
-)
+LONG = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=200, max_size=400)
+NOT_A_NUMBER = st.one_of(PLAIN, st.sampled_from(["nan", "inf", "-inf", "1e999", "1.5", "0x10", "", " ", "3 4"]))
 
 
 def _fails(convert, text) -> bool:
@@ -107,9 +101,7 @@ def _fails(convert, text) -> bool:
 def out_of_range(kind) -> st.SearchStrategy:
     if isinstance(kind, IntRange):
         below = st.integers(max_value=kind.low - 1)
-        return (below if kind.high is None else st.one_of(below, st.integers(min_value=kind.high + 1))).map(
-            str
-        )
+        return (below if kind.high is None else st.one_of(below, st.integers(min_value=kind.high + 1))).map(str)
     edges = [st.sampled_from(["nan", "inf", "-inf"])]
     if kind.low is not None:
         edges.append(st.floats(max_value=kind.low, exclude_max=not kind.open_low, allow_nan=False))
@@ -126,9 +118,7 @@ def _bad_spec(text) -> bool:
     return False
 
 
-SPEC_TOKENS = st.sampled_from(
-    ["deepcache", "scheduler", "tome", "(", ")", "=", ",", ";", '"', "name", "x", "1"]
-)
+SPEC_TOKENS = st.sampled_from(["deepcache", "scheduler", "tome", "(", ")", "=", ",", ";", '"', "name", "x", "1"])
 BAD_SPECS = st.one_of(PLAIN, st.lists(SPEC_TOKENS, min_size=1, max_size=8).map("".join)).filter(_bad_spec)
 
 
@@ -153,9 +143,7 @@ def bad_case(draw, words) -> tuple[list[str], str | None]:
 
     def with_value(name, value):  # "--x=-1" is one token: argparse cannot mistake -1 for a flag
         return base + (
-            draw(st.sampled_from([[f"{name}={value}"], [name, value]]))
-            if value[:1] != "-"
-            else [f"{name}={value}"]
+            draw(st.sampled_from([[f"{name}={value}"], [name, value]])) if value[:1] != "-" else [f"{name}={value}"]
         )
 
     if kind == "unknown flag":

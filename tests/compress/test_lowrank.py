@@ -128,9 +128,7 @@ def test_factors_beyond_free_memory_are_refused_before_the_model_changes(monkeyp
     before = call(fp, steps=2)
     layers = dict(fp.denoiser.named_modules())
     monkeypatch.setattr(lowrank, "free_bytes", lambda: 4096)  # as if the machine were nearly full
-    with pytest.raises(
-        AcceleratorError, match=r"already need 0\.0 GiB .* and 0\.0 GiB is free; pass a lower"
-    ):
+    with pytest.raises(AcceleratorError, match=r"already need 0\.0 GiB .* and 0\.0 GiB is free; pass a lower"):
         fp.accelerate("lowrank(rank=4)")
     assert fp.accelerators == () and dict(fp.denoiser.named_modules()) == layers
     np.testing.assert_array_equal(call(fp, steps=2), before)

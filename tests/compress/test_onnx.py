@@ -29,10 +29,7 @@ def test_sd_denoiser_and_vae_match_torch_at_two_batch_sizes(tmp_path):
         "timestep": np.full((7,), 10, np.int64),
         "encoder_hidden_states": np.zeros((7, 77, 32), np.float32),
     }
-    feed = {
-        i.name: feed[i.name].astype(np.float32 if "float" in i.type else np.int64)
-        for i in session.get_inputs()
-    }
+    feed = {i.name: feed[i.name].astype(np.float32 if "float" in i.type else np.int64) for i in session.get_inputs()}
     assert session.run(None, feed)[0].shape == (7, 4, 16, 16)
 
 

@@ -24,10 +24,16 @@ def digits_like_ddpm() -> FastPipeline:
     """A UNet2DModel laid out like the digits reference: 8 groups, 32-wide heads, attention below the top."""
     torch.manual_seed(0)
     unet = UNet2DModel(
-        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(32, 64, 64), layers_per_block=1,
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
         down_block_types=("DownBlock2D", "AttnDownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"), attention_head_dim=32, norm_num_groups=8,
-    ).eval()  # fmt: skip
+        up_block_types=("AttnUpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=32,
+        norm_num_groups=8,
+    ).eval()
     fp = FastPipeline(DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=1000)))
     fp.pipe.set_progress_bar_config(disable=True)
     return fp
@@ -43,9 +49,7 @@ def test_prune_ddpm_halves_model_runs_everywhere_and_restores(tmp_path):
     assert info.macs_after <= 0.5 * info.macs_before
     assert info.config_exact and config_mismatch(fp.denoiser) is None
     den = fp.denoiser
-    assert (
-        list(den.config.block_out_channels) == [c // 2 for c in original] and den.config.norm_num_groups == 16
-    )
+    assert list(den.config.block_out_channels) == [c // 2 for c in original] and den.config.norm_num_groups == 16
     pruned = images(fp)
     assert pruned.shape == before.shape and np.isfinite(pruned).all() and not np.array_equal(pruned, before)
     with torch.no_grad():  # other batch sizes and resolutions than the captured call
@@ -161,9 +165,7 @@ def test_structure_changers_refuse_hooked_blocks():
     fp = make_fp("tiny-ddpm")
     hook = install_hook(fp.denoiser.up_blocks[0], ModelHook(), "test.block")
     for spec in ("prune", "lowrank"):
-        with pytest.raises(
-            AcceleratorError, match=f"up_blocks.0 is hooked by test.block; apply {spec} first"
-        ):
+        with pytest.raises(AcceleratorError, match=f"up_blocks.0 is hooked by test.block; apply {spec} first"):
             fp.accelerate(spec)
     hook.remove()
     fp.accelerate("prune").remove()
@@ -215,9 +217,7 @@ def test_sparsity_training_keeps_the_zeros_and_remove_brings_back_the_zeroed_val
     den.requires_grad_(False)  # an inference model: the gradient masks come once training starts
     original = {n: p.detach().clone() for n, p in den.named_parameters()}
     handle = fp.accelerate("sparsity(pattern=2:4)")
-    zeros = {
-        n: p == 0 for n, p in den.named_parameters() if p.dim() > 1 and (p == 0).any()
-    }  # the 2:4 weights
+    zeros = {n: p == 0 for n, p in den.named_parameters() if p.dim() > 1 and (p == 0).any()}  # the 2:4 weights
     assert len(zeros) > 10
     sample = torch.randn(2, den.config.in_channels, den.config.sample_size, den.config.sample_size)
     den.requires_grad_(True)

@@ -54,9 +54,7 @@ def test_prune_dit_heads_and_mlp_run_everywhere_and_restore(importance):
             out = images(fp, guidance=guidance, labels=labels)
             assert out.shape == (len(labels), 32, 32, 3) and np.isfinite(out).all()
     with torch.no_grad():  # another resolution
-        sample = den(
-            torch.randn(2, 4, 32, 32), torch.tensor([10, 900]), class_labels=torch.tensor([0, 5])
-        ).sample
+        sample = den(torch.randn(2, 4, 32, 32), torch.tensor([10, 900]), class_labels=torch.tensor([0, 5])).sample
     assert sample.shape == (2, 8, 32, 32)
     handle.remove()
     np.testing.assert_array_equal(images(fp), before)

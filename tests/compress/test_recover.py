@@ -49,9 +49,7 @@ def test_capture_and_noised_inputs_follow_the_pipeline():
     v = dict(fp.pipe.scheduler.config, prediction_type="v_prediction")
     x0 = torch.zeros(6, 4, 16, 16)
     _, velocity = noised_inputs(v, inputs, x0=x0, generator=torch.Generator().manual_seed(1))
-    _, noise = noised_inputs(
-        fp.pipe.scheduler.config, inputs, x0=x0, generator=torch.Generator().manual_seed(1)
-    )
+    _, noise = noised_inputs(fp.pipe.scheduler.config, inputs, x0=x0, generator=torch.Generator().manual_seed(1))
     t = noised_inputs(v, inputs, x0=x0, generator=torch.Generator().manual_seed(1))[0]["timestep"]
     torch.testing.assert_close(velocity, DDPMScheduler.from_config(v).get_velocity(x0, noise, t))
 
@@ -64,9 +62,7 @@ def test_recover_lowers_the_distillation_loss():
 
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path):
     student, teacher = pruned_pair()
-    straight = recover(
-        student, teacher, steps=4, batch=2, out_dir=tmp_path / "a", save_every=2, progress=False
-    )
+    straight = recover(student, teacher, steps=4, batch=2, out_dir=tmp_path / "a", save_every=2, progress=False)
     assert (tmp_path / "a" / CHECKPOINT).is_file()
     want = state(student)
     resumed, teacher = pruned_pair()
@@ -98,8 +94,7 @@ def test_recover_on_labelled_training_data(tmp_path):
 
 def test_compress_model_saves_loadable_models(tmp_path):
     model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
-    report = compress_model(model, tmp_path / "pruned", "prune(ratio=0.5)", recover_steps=2, batch=2,
-                            progress=False)  # fmt: skip
+    report = compress_model(model, tmp_path / "pruned", "prune(ratio=0.5)", recover_steps=2, batch=2, progress=False)
     manifest = json.loads((tmp_path / "pruned" / MANIFEST).read_text())
     assert manifest["specs"] == "prune(ratio=0.5)" and manifest["load_accelerators"] == ""
     assert not (tmp_path / "pruned" / CHECKPOINT).exists()
@@ -107,14 +102,13 @@ def test_compress_model_saves_loadable_models(tmp_path):
     applied = report["applied"]["prune(ratio=0.5)"]
     assert sum(p.numel() for p in pruned.denoiser.parameters()) == applied["params_after"]
 
-    compress_model(model, tmp_path / "lowrank", "lowrank(rank=4,targets=all)", recover_steps=2, batch=2,
-                   progress=False)  # fmt: skip
+    compress_model(
+        model, tmp_path / "lowrank", "lowrank(rank=4,targets=all)", recover_steps=2, batch=2, progress=False
+    )
     dense = FastPipeline.from_pretrained(tmp_path / "lowrank")  # the factors' products: a standard model
     split = load_compressed(tmp_path / "lowrank")
     assert split.accelerators and split.accelerators[0].spec_name == "lowrank"
-    assert sum(p.numel() for p in split.denoiser.parameters()) < sum(
-        p.numel() for p in dense.denoiser.parameters()
-    )
+    assert sum(p.numel() for p in split.denoiser.parameters()) < sum(p.numel() for p in dense.denoiser.parameters())
     kwargs = {"prompt": ["a cat"], "num_inference_steps": 2, "output_type": "np"}
     for fp in (dense, split):
         fp.pipe.set_progress_bar_config(disable=True)

@@ -55,9 +55,7 @@ def test_fuse_qkv_and_channels_last_restore_modules_tensors_and_outputs(family):
     attn = [m for m in fp.denoiser.modules() if hasattr(m, "set_processor")]
     assert {type(m.processor).__name__ for m in attn} == {"FusedAttnProcessor2_0"}
     assert all(hasattr(m, "to_qkv") or hasattr(m, "to_kv") for m in attn)
-    convs = [
-        m.weight for m in fp.denoiser.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)
-    ]
+    convs = [m.weight for m in fp.denoiser.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
     np.testing.assert_allclose(call(fp), before, atol=1e-4)
     handle.remove()

@@ -27,8 +27,13 @@ def trained(tmp_path_factory):
 
 def _call(fp, output_type: str, **extra):
     prompts = ["a handwritten seven", "the digit 3"] if "prompt" not in extra else extra.pop("prompt")
-    return fp(prompt=prompts, num_inference_steps=3, output_type=output_type,
-              generator=torch.Generator().manual_seed(0), **extra)  # fmt: skip
+    return fp(
+        prompt=prompts,
+        num_inference_steps=3,
+        output_type=output_type,
+        generator=torch.Generator().manual_seed(0),
+        **extra,
+    )
 
 
 def test_training_lowers_the_loss_and_records_what_it_measured(trained):

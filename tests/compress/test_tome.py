@@ -55,8 +55,9 @@ def test_remove_is_bit_identical_apply_twice_once_and_calls_reproducible():
     np.testing.assert_array_equal(call(fp), merged)  # the dst choice is reseeded at every call
     handle.remove()
     np.testing.assert_array_equal(call(fp), before)
-    assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in fp.unet.modules()
-                   if m is not fp.unet)  # fmt: skip
+    assert not any(
+        getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in fp.unet.modules() if m is not fp.unet
+    )
 
 
 def test_sampling_randomness_untouched():
@@ -135,8 +136,9 @@ def test_plain_attention_refuses_cross_and_mlp_merging_and_unknown_models_fail()
     fp = make_fp("tiny-ddpm")
     with pytest.raises(AcceleratorError, match="merge_cross/merge_mlp need transformer blocks"):
         fp.accelerate("tome(max_downsample=2,merge_mlp=true)")
-    assert not any(getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in fp.unet.modules()
-                   if m is not fp.unet)  # fmt: skip
+    assert not any(
+        getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks for m in fp.unet.modules() if m is not fp.unet
+    )
     from fastdiff.zoo.gmm import GMMDenoiser, GMMPipeline, default_scheduler
 
     gmm = FastPipeline(GMMPipeline(unet=GMMDenoiser(mixture_seed=0), scheduler=default_scheduler()))

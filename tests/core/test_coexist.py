@@ -18,9 +18,16 @@ from fastdiff.eval.compat import MATRIX_SPECS, NEEDS_ARTIFACT, check_cell
 from fastdiff.zoo.tiny import make_pipeline
 
 VARIANTS = (
-    "tiny-sd", "tiny-sd-img2img", "tiny-sd-inpaint", "tiny-sd-controlnet", "tiny-sd-adapter",
-    "tiny-sdxl", "tiny-sdxl-img2img", "tiny-sdxl-controlnet", "tiny-dit",
-)  # fmt: skip
+    "tiny-sd",
+    "tiny-sd-img2img",
+    "tiny-sd-inpaint",
+    "tiny-sd-controlnet",
+    "tiny-sd-adapter",
+    "tiny-sdxl",
+    "tiny-sdxl-img2img",
+    "tiny-sdxl-controlnet",
+    "tiny-dit",
+)
 UNETS = [v for v in VARIANTS if v != "tiny-dit"]
 # Expected refusals: (variant, accelerator) -> a phrase of the reason.
 REFUSED = {
@@ -40,9 +47,7 @@ BASES = ("tiny-sd", "tiny-sdxl", "tiny-dit")
 MODULE_ONLY = ("quantize", "sparsity", "lowrank", "fuse", "attention", "vae-tiling")
 # `make test` runs the base rows and the ControlNet row; `make test-full` every variant
 CI_ROWS = (*BASES, "tiny-sd-controlnet")
-CELLS = [
-    full_only(v, a, ci=v in CI_ROWS) for v in VARIANTS for a in FAST if v in BASES or a not in MODULE_ONLY
-]
+CELLS = [full_only(v, a, ci=v in CI_ROWS) for v in VARIANTS for a in FAST if v in BASES or a not in MODULE_ONLY]
 
 
 def test_matrix_covers_every_accelerator():
@@ -87,8 +92,9 @@ def test_baked_guidance_students_refuse_direct_calls(tmp_path, method):
 
     teacher = build("tiny-sd", tmp_path / "teacher", size="test")
     lora = 2 if method == "lcm-lora" else None
-    consistency(teacher, tmp_path / "student", guidance_range="2", lora=lora, train_steps=2, batch=2, skip=100,
-                progress=False)  # fmt: skip
+    consistency(
+        teacher, tmp_path / "student", guidance_range="2", lora=lora, train_steps=2, batch=2, skip=100, progress=False
+    )
     pipe = make_pipeline("tiny-sd-img2img")
     pipe.set_progress_bar_config(disable=True)
     cell = check_cell(pipe, f"{method}(path={tmp_path / 'student'},steps=4)", "tiny-sd-img2img")

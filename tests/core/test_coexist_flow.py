@@ -24,9 +24,7 @@ EVERY = [a for a in MATRIX_SPECS if a != "compile"]
 # the same there, so those two run the call-level ones (benchmarks/compat_table.py runs the whole matrix);
 # `make test` runs the dev and Flux.2 rows and the inpaint variant, `make test-full` every row
 FULL_ROWS = ("tiny-flux", "tiny-flux2")
-CELLS = [
-    full_only(v, a, ci=v in FULL_ROWS) for v in BASES for a in EVERY if v in FULL_ROWS or a not in MODULE_ONLY
-]
+CELLS = [full_only(v, a, ci=v in FULL_ROWS) for v in BASES for a in EVERY if v in FULL_ROWS or a not in MODULE_ONLY]
 VARIANT_CELLS = [full_only(v, a, ci=v == "tiny-flux-inpaint") for v in VARIANTS for a in VARIANT_ACCELERATORS]
 
 
@@ -64,9 +62,7 @@ def test_true_cfg_calls_are_cond_then_uncond_and_cfg_interval_skips_the_uncond_c
     handle = fp.accelerate("cfg-interval(start=0.0,end=0.5)")
     seen.clear()
     windowed = true_cfg(fp)
-    assert seen == [(s, b) for s in range(3) for b in (("cond",), ("uncond",))] + [
-        (s, ("cond",)) for s in (3, 4, 5)
-    ]
+    assert seen == [(s, b) for s in range(3) for b in (("cond",), ("uncond",))] + [(s, ("cond",)) for s in (3, 4, 5)]
     assert fp.context.nfe == 9 and not np.array_equal(windowed, guided)
     # outside the window the uncond call returns the cond output: guidance s * (cond - cond) adds exactly 0
     handle.remove()

@@ -18,8 +18,14 @@ BASES = ("tiny-sd3", "tiny-sana", "tiny-pixart-sigma", "tiny-qwen-image", "tiny-
 VARIANTS = ("tiny-sd3-img2img", "tiny-sd3-controlnet", "tiny-qwen-image-img2img", "tiny-qwen-image-inpaint")
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
 FAMILIES = (
-    "tiny-flux", "tiny-flux-schnell", "tiny-flux-img2img", "tiny-flux2", "tiny-flux2-klein", *BASES, *VARIANTS,
-)  # fmt: skip
+    "tiny-flux",
+    "tiny-flux-schnell",
+    "tiny-flux-img2img",
+    "tiny-flux2",
+    "tiny-flux2-klein",
+    *BASES,
+    *VARIANTS,
+)
 
 
 @pytest.mark.parametrize("accelerator", EVERY)

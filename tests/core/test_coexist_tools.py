@@ -62,9 +62,7 @@ def test_promptcache_keys_lora_scale_adapters_and_hooks():
     fp = FastPipeline(pipe)
     plain = {}
     # transformers' add_adapter wants a newer peft than exists; inject as diffusers' LoRA loader does.
-    inject_adapter_in_model(
-        LoraConfig(**{**LORA, "target_modules": ["q_proj", "v_proj"]}), pipe.text_encoder, "t"
-    )
+    inject_adapter_in_model(LoraConfig(**{**LORA, "target_modules": ["q_proj", "v_proj"]}), pipe.text_encoder, "t")
     lora_layers = [m for m in pipe.text_encoder.modules() if isinstance(m, BaseTunerLayer)]
     cases = {
         "scale 1": dict(),
@@ -286,9 +284,7 @@ def test_progress_counts_the_steps_img2img_actually_runs():
     seen = []
     fp.accelerate("cfg-interval(start=0.0,end=0.5)")
     # conv_in runs inside cfg-interval's hook: it sees the batch actually computed at each step
-    hook = pipe.unet.conv_in.register_forward_pre_hook(
-        lambda m, a: seen.append((fp.context.progress, len(a[0])))
-    )
+    hook = pipe.unet.conv_in.register_forward_pre_hook(lambda m, a: seen.append((fp.context.progress, len(a[0]))))
     _call(fp, pipe, steps=10, strength=0.5)  # 5 of the 10 scheduled steps run
     hook.remove()
     assert fp.context.num_steps == 5 and fp.context.step == 5

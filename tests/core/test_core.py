@@ -52,12 +52,8 @@ def test_wrapper_output_equals_raw_pipeline(pipes):
 def test_every_family_runs_every_preset(pipes, family, preset):
     fp = FastPipeline(pipes[family])
     original = fp.pipe.scheduler
-    if (
-        preset in FLOW_PRESETS
-    ):  # these noise-predicting models refuse the flow solvers before anything changes
-        with pytest.raises(
-            AcceleratorError, match=f"name={re.escape(preset)}.*flow velocity.*predicts epsilon"
-        ):
+    if preset in FLOW_PRESETS:  # these noise-predicting models refuse the flow solvers before anything changes
+        with pytest.raises(AcceleratorError, match=f"name={re.escape(preset)}.*flow velocity.*predicts epsilon"):
             fp.accelerate(f"scheduler(name={preset},steps=2)")
         assert fp.pipe.scheduler is original and not fp.accelerators
         return
@@ -175,9 +171,7 @@ def test_bad_calls(sd):
             sd(**{**kwargs, "num_inference_steps": steps})
         assert error.value.argument == "num_inference_steps" and isinstance(error.value, ValueError)
     # tiny-sd's DDIM (1000 training steps, leading spacing, steps_offset 1) indexes past its table at 1000
-    with pytest.raises(
-        CallArgumentError, match="num_inference_steps=1000 .* at most 999 with this DDIMScheduler"
-    ):
+    with pytest.raises(CallArgumentError, match="num_inference_steps=1000 .* at most 999 with this DDIMScheduler"):
         sd(**{**kwargs, "num_inference_steps": 1000})
     assert max_steps(sd.pipe.scheduler) == 999
     factor = sd.size_factor()
@@ -185,10 +179,12 @@ def test_bad_calls(sd):
     with pytest.raises(CallArgumentError, match=f"height=33 .* a positive multiple of {factor}"):
         sd(**kwargs, height=33, width=32)
     bad = [
-        ("guidance_scale", float("nan"), "a finite number"), ("guidance_scale", "7", "a finite number"),
-        ("num_images_per_prompt", 0, "a positive integer"), ("output_type", "jpeg", "one of pil, np, pt, latent"),
+        ("guidance_scale", float("nan"), "a finite number"),
+        ("guidance_scale", "7", "a finite number"),
+        ("num_images_per_prompt", 0, "a positive integer"),
+        ("output_type", "jpeg", "one of pil, np, pt, latent"),
         ("generator", [torch.Generator()] * 3, "one generator per image: "),
-    ]  # fmt: skip
+    ]
     for argument, value, allowed in bad:
         with pytest.raises(CallArgumentError, match=allowed) as error:
             sd(**{**kwargs, argument: value})
@@ -214,9 +210,7 @@ def test_bad_calls(sd):
 def test_unsupported_models_are_accelerator_errors_and_video_patches_size():
     assert issubclass(UnsupportedModelError, AcceleratorError)
     fp = FastPipeline(tiny_pipe("tiny-dit"))
-    fp.denoiser.register_to_config(
-        patch_size=(1, 2, 2)
-    )  # a video transformer patches (frames, height, width)
+    fp.denoiser.register_to_config(patch_size=(1, 2, 2))  # a video transformer patches (frames, height, width)
     assert fp.size_factor() == 2  # DiTPipeline has no vae_scale_factor: the patch alone
 
 
@@ -266,9 +260,7 @@ def test_install_hooks_is_all_or_nothing(sd):
     blocks = list(sd.denoiser.down_blocks)
     taken = install_hook(blocks[1], Recorder(sd.context), "test.all-or-nothing")
     with pytest.raises(RuntimeError, match="already installed"):  # the second pair fails: the first comes off
-        install_hooks(
-            [(blocks[0], Recorder(sd.context)), (blocks[1], Recorder(sd.context))], "test.all-or-nothing"
-        )
+        install_hooks([(blocks[0], Recorder(sd.context)), (blocks[1], Recorder(sd.context))], "test.all-or-nothing")
     assert not has_hook(blocks[0], "test.all-or-nothing") and has_hook(blocks[1], "test.all-or-nothing")
     taken.remove()
     group = install_hooks([(b, Recorder(sd.context)) for b in blocks], "test.all-or-nothing")
@@ -287,9 +279,7 @@ def test_save_and_reload_through_from_pretrained(tmp_path, sd):
     sd.save_pretrained(tmp_path / "saved")
     loaded = FastPipeline.from_pretrained(tmp_path / "saved")
     loaded.pipe.set_progress_bar_config(disable=True)
-    np.testing.assert_array_equal(
-        loaded(**call_kwargs(loaded.pipe)).images, sd(**call_kwargs(sd.pipe)).images
-    )
+    np.testing.assert_array_equal(loaded(**call_kwargs(loaded.pipe)).images, sd(**call_kwargs(sd.pipe)).images)
     raw = load_pipeline(tmp_path / "saved")
     assert type(raw).__name__ == type(sd.pipe).__name__
 
@@ -299,10 +289,22 @@ def test_bench_reports_every_key(tmp_path):
 
     model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
     out = tmp_path / "bench.json"
-    main([
-        "bench", str(model), "--config", "ddim4=scheduler(name=ddim,steps=4)",
-        "--config", "dpm2=scheduler(name=dpm++2m,steps=2)", "--runs", "3", "--json", str(out), "--threads", "1",
-    ])  # fmt: skip
+    main(
+        [
+            "bench",
+            str(model),
+            "--config",
+            "ddim4=scheduler(name=ddim,steps=4)",
+            "--config",
+            "dpm2=scheduler(name=dpm++2m,steps=2)",
+            "--runs",
+            "3",
+            "--json",
+            str(out),
+            "--threads",
+            "1",
+        ]
+    )
     result = json.loads(out.read_text())
     rows = result["configs"]
     keys = {
@@ -326,12 +328,8 @@ def test_bench_reports_every_key(tmp_path):
     for row in rows:
         assert row["seconds_min"] <= row["seconds_median"] <= row["seconds_max"]
         assert row["speedup_min"] <= row["speedup_max"] and row["cpu_speedup_min"] <= row["cpu_speedup_max"]
-    overlap = min(rows[1]["seconds"]) <= max(rows[0]["seconds"]) and min(rows[0]["seconds"]) <= max(
-        rows[1]["seconds"]
-    )
-    expected = (
-        "level" if overlap else ("faster" if max(rows[1]["seconds"]) < min(rows[0]["seconds"]) else "slower")
-    )
+    overlap = min(rows[1]["seconds"]) <= max(rows[0]["seconds"]) and min(rows[0]["seconds"]) <= max(rows[1]["seconds"])
+    expected = "level" if overlap else ("faster" if max(rows[1]["seconds"]) < min(rows[0]["seconds"]) else "slower")
     assert rows[0]["speedup_verdict"] == "baseline" and rows[1]["speedup_verdict"] == expected
     assert result["settings"]["alternate"] is True
     assert {"command", "commit", "date", "device", "load"} <= set(result)
@@ -344,8 +342,14 @@ def test_bench_runs_a_config_on_its_own_compressed_model(tmp_path):
 
     model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
     compress_model(model, tmp_path / "pruned", "prune(ratio=0.5)", recover_steps=0, progress=False)
-    result = run_bench(model, [("plain", ""), ("pruned", ""), ("again", "")], steps=2, runs=1, threads=1,
-                       models={"pruned": tmp_path / "pruned"})  # fmt: skip
+    result = run_bench(
+        model,
+        [("plain", ""), ("pruned", ""), ("again", "")],
+        steps=2,
+        runs=1,
+        threads=1,
+        models={"pruned": tmp_path / "pruned"},
+    )
     plain, pruned, again = result["configs"]
     assert pruned["model"] == str(tmp_path / "pruned") and "model" not in plain
     assert again["psnr"] == float("inf") and pruned["psnr"] < 100  # the pruned weights really ran

@@ -21,8 +21,12 @@ ACCELERATORS = {
     "tiny-dit": ["", "scheduler(name=unipc);blockcache(interval=2)", "forecast(interval=2)"],
     "tiny-sd3": ["", "scheduler(name=flow-dpm++2m);blockcache(mode=teacache)", "forecast(interval=2)"],
 }
-SETTINGS = settings(max_examples=14, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+SETTINGS = settings(
+    max_examples=14,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 BAD_STEPS = st.one_of(st.integers(-3, 0), st.floats(allow_nan=True), st.booleans(), st.just("2"))
 
 
@@ -41,9 +45,11 @@ def pipeline(name: str):
 def calls(draw, name: str, factor: int) -> dict:
     labels = name == "tiny-dit"
     batch = draw(st.integers(1, 3))
-    call = {"class_labels": draw(st.lists(st.integers(0, 9), min_size=batch, max_size=batch))} if labels else {
-        "prompt": draw(st.lists(st.sampled_from(["a fox", "", "ü" * 30]), min_size=batch, max_size=batch))
-    }  # fmt: skip
+    call = (
+        {"class_labels": draw(st.lists(st.integers(0, 9), min_size=batch, max_size=batch))}
+        if labels
+        else {"prompt": draw(st.lists(st.sampled_from(["a fox", "", "ü" * 30]), min_size=batch, max_size=batch))}
+    )
     bad_steps = BAD_STEPS if name == "tiny-sd3" else st.one_of(BAD_STEPS, st.just(10**6))  # flow: no limit
     call["num_inference_steps"] = draw(mostly(st.integers(1, 4), bad_steps))
     call["guidance_scale"] = draw(
@@ -54,14 +60,13 @@ def calls(draw, name: str, factor: int) -> dict:
     if not labels:
         per_prompt = draw(mostly(st.sampled_from([None, 1, 2]), st.integers(-1, 0)))
         call["num_images_per_prompt"] = per_prompt
-        side = draw(mostly(st.one_of(st.none(), st.integers(1, 48 // factor).map(lambda k: k * factor)),
-                           st.integers(-4, 40)))  # fmt: skip
+        side = draw(
+            mostly(st.one_of(st.none(), st.integers(1, 48 // factor).map(lambda k: k * factor)), st.integers(-4, 40))
+        )
         call["height"] = call["width"] = side
     images = batch * (per_prompt if isinstance(per_prompt, int) and per_prompt > 0 else 1)
     count = draw(mostly(st.sampled_from([-1, images]), st.integers(0, 4)))  # -1: one generator, not a list
-    call["generator"] = (
-        torch.Generator() if count < 0 else [torch.Generator().manual_seed(i) for i in range(count)]
-    )
+    call["generator"] = torch.Generator() if count < 0 else [torch.Generator().manual_seed(i) for i in range(count)]
     return {key: value for key, value in call.items() if value is not None}
 
 
@@ -69,9 +74,7 @@ def baseline(fp: FastPipeline, name: str) -> np.ndarray:
     call = {"class_labels": [1, 2]} if name == "tiny-dit" else {"prompt": ["a fox", "a car"]}
     if name != "tiny-dit":
         call.update(height=32, width=32)
-    return fp(
-        **call, num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0)
-    ).images
+    return fp(**call, num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0)).images
 
 
 def fuzz_calls(fp: FastPipeline, name: str) -> dict:

@@ -20,9 +20,7 @@ NAMES = sorted(REGISTRY)
 
 INTS = st.one_of(st.integers(-3, 70), st.integers())
 TEXT = st.text()
-FLOATS = st.one_of(
-    st.floats(-2, 2), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.5, 1e-5])
-)
+FLOATS = st.one_of(st.floats(-2, 2), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.5, 1e-5]))
 
 
 def values_for(annotation, ints=INTS, text=TEXT) -> st.SearchStrategy:
@@ -32,10 +30,7 @@ def values_for(annotation, ints=INTS, text=TEXT) -> st.SearchStrategy:
         return st.sampled_from(typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         return st.one_of(
-            *(
-                st.none() if a is type(None) else values_for(a, ints, text)
-                for a in typing.get_args(annotation)
-            )
+            *(st.none() if a is type(None) else values_for(a, ints, text) for a in typing.get_args(annotation))
         )
     return {bool: st.booleans(), int: ints, float: FLOATS, str: text}[annotation]
 

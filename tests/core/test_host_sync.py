@@ -52,9 +52,7 @@ def per_step_reads(fp, call: dict) -> dict[str, int]:
             fp(**call, num_inference_steps=steps)
         counts[steps] = reads.lines
     lines = set(counts[4]) | set(counts[8])
-    return {
-        line: (counts[8][line] - counts[4][line]) / 4 for line in lines if counts[8][line] != counts[4][line]
-    }
+    return {line: (counts[8][line] - counts[4][line]) / 4 for line in lines if counts[8][line] != counts[4][line]}
 
 
 SD_CALL = {"prompt": ["a cat", "a dog"], "output_type": "np"}

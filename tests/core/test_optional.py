@@ -17,8 +17,11 @@ def test_a_missing_package_is_refused_before_the_pipeline_changes(monkeypatch):
     fp = make_fp("tiny-sd")
     before = call(fp, steps=2)
     monkeypatch.setitem(sys.modules, "torch_pruning", None)  # import torch_pruning now raises ImportError
-    with pytest.raises(MissingDependency, match=r"prune\(.*\) needs the optional package 'torch_pruning'.*"
-                       r"pip install 'fastdiff-accel\[compress\]'") as info:  # fmt: skip
+    with pytest.raises(
+        MissingDependency,
+        match=r"prune\(.*\) needs the optional package 'torch_pruning'.*"
+        r"pip install 'fastdiff-accel\[compress\]'",
+    ) as info:
         fp.accelerate("prune(ratio=0.5)")
     assert isinstance(info.value, ImportError) and isinstance(info.value, AcceleratorError)
     assert fp.accelerators == ()

@@ -25,13 +25,20 @@ def every_class() -> list[type]:
 
 
 def declared() -> list[tuple[type, str, Bounds]]:
-    return [(cls, f.name, f.metadata[BOUNDS]) for cls in every_class() for f in dataclasses.fields(cls)
-            if BOUNDS in f.metadata]  # fmt: skip
+    return [
+        (cls, f.name, f.metadata[BOUNDS])
+        for cls in every_class()
+        for f in dataclasses.fields(cls)
+        if BOUNDS in f.metadata
+    ]
 
 
 def build(cls, **values):
-    needed = {f.name: REQUIRED[f.name] for f in dataclasses.fields(cls)
-              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}  # fmt: skip
+    needed = {
+        f.name: REQUIRED[f.name]
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     return cls(**{**needed, **values})
 
 
@@ -48,9 +55,18 @@ def outside(bounds: Bounds, kind):
 
 def test_the_accelerators_declare_their_bounds_on_their_fields():
     names = {(cls.spec_name, name) for cls, name, _ in declared()}
-    for expected in [("deepcache", "interval"), ("blockcache", "threshold"), ("forecast", "warmup"),
-                     ("scheduler", "steps"), ("prune", "ratio"), ("lowrank", "energy"), ("tome", "max_downsample"),
-                     ("cfg-interval", "start"), ("parallel", "devices"), ("student", "steps")]:  # fmt: skip
+    for expected in [
+        ("deepcache", "interval"),
+        ("blockcache", "threshold"),
+        ("forecast", "warmup"),
+        ("scheduler", "steps"),
+        ("prune", "ratio"),
+        ("lowrank", "energy"),
+        ("tome", "max_downsample"),
+        ("cfg-interval", "start"),
+        ("parallel", "devices"),
+        ("student", "steps"),
+    ]:
         assert expected in names
 
 
@@ -76,17 +92,13 @@ def test_messages_say_what_is_allowed():
     assert describe(int, Bounds(choices=(1, 2, 4, 8)), False) == "one of 1, 2, 4, 8"
     with pytest.raises(AcceleratorError, match=r"^lowrank: energy must be a number in \(0, 1\], got 1.5$"):
         parse("lowrank(energy=1.5)")
-    with pytest.raises(
-        AcceleratorError, match="blockcache: threshold must be a number >= 0 or none, got nan"
-    ):
+    with pytest.raises(AcceleratorError, match="blockcache: threshold must be a number >= 0 or none, got nan"):
         build(registry.get("blockcache"), threshold=float("nan"))
 
 
 def test_literal_options_are_checked_for_configs_built_in_python():
     deepcache, forecast = registry.get("deepcache"), registry.get("forecast")
-    with pytest.raises(
-        AcceleratorError, match=r"^deepcache: schedule must be one of uniform, nonuniform, got 'x'$"
-    ):
+    with pytest.raises(AcceleratorError, match=r"^deepcache: schedule must be one of uniform, nonuniform, got 'x'$"):
         deepcache(schedule="x")
     with pytest.raises(AcceleratorError, match="forecast: order must be one of 1, 2, got True"):
         forecast(order=True)  # True == 1, but it is not the integer 1

@@ -53,9 +53,7 @@ def test_the_option_picks_the_class_and_each_takes_only_its_own_options(scratch)
     for config in (plain(), plain(size=5), fancy(), fancy(shine=7)):
         assert parse(str(config)) == [config], str(config)
     assert str(fancy()) == "tool(flavor=fancy)" and registry.available().count("tool") == 1
-    with pytest.raises(
-        AcceleratorError, match=r"tool\(flavor=plain\): unknown option 'shine'; allowed: flavor, size"
-    ):
+    with pytest.raises(AcceleratorError, match=r"tool\(flavor=plain\): unknown option 'shine'; allowed: flavor, size"):
         parse("tool(flavor=plain,shine=2)")
     with pytest.raises(AcceleratorError, match="tool: flavor must be one of plain, fancy, got 'odd'"):
         parse("tool(flavor=odd)")

@@ -30,10 +30,14 @@ _COMMON = {"deepcache": "needs a UNet", "tome": "tome does not support", "prune"
 REFUSALS = {
     "tiny-wan": {**_COMMON, "fuse": NO_ATTENTION_LAYER, "attention": NO_ATTENTION_LAYER},
     "tiny-ltx": {**_COMMON, "fuse": NO_ATTENTION_LAYER, "attention": NO_ATTENTION_LAYER},
-    "tiny-cogvideox": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR,
-                       "scheduler": "reshapes its noise schedule (snr_shift_scale=3.0)"},
+    "tiny-cogvideox": {
+        **_COMMON,
+        "fuse": JOINT_PROCESSOR,
+        "attention": JOINT_PROCESSOR,
+        "scheduler": "reshapes its noise schedule (snr_shift_scale=3.0)",
+    },
     "tiny-hunyuan-video": {**_COMMON, "fuse": JOINT_PROCESSOR, "attention": JOINT_PROCESSOR},
-}  # fmt: skip
+}
 REFUSALS["tiny-wan-i2v"], REFUSALS["tiny-ltx-i2v"] = REFUSALS["tiny-wan"], REFUSALS["tiny-ltx"]
 REFUSALS["tiny-cogvideox-i2v"] = REFUSALS["tiny-cogvideox"]
 EVERY = [a for a in MATRIX_SPECS if a != "compile"]
@@ -41,8 +45,10 @@ EVERY = [a for a in MATRIX_SPECS if a != "compile"]
 # caches of the image-to-video rows, make test-full the rest
 CELLS = [
     full_only(n, a, ci=n in BASES or a in ("blockcache", "forecast"))
-    for n in MODELS for a in EVERY if n in BASES or a not in MODULE_ONLY
-]  # fmt: skip
+    for n in MODELS
+    for a in EVERY
+    if n in BASES or a not in MODULE_ONLY
+]
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +135,7 @@ def test_block_cache_modes(name, saved):
         assert np.isfinite(out).all() and out.shape == CLIP
         handle.remove()
     plain = clip(fp, num_inference_steps=6)
-    handle = fp.accelerate(
-        "forecast(order=1,interval=2,warmup=2,at=attention)"
-    )  # the blocks' attention layers
+    handle = fp.accelerate("forecast(order=1,interval=2,warmup=2,at=attention)")  # the blocks' attention layers
     out = clip(fp, num_inference_steps=6)
     assert np.isfinite(out).all() and not np.array_equal(out, plain)
     handle.remove()
@@ -151,9 +155,7 @@ def test_vae_tiling_sets_the_vae_switches_and_restores_them(saved):
     assert before == (False, False, False, False)
     base = clip(fp)
     handle = fp.accelerate("vae-tiling")
-    assert (vae.use_tiling, vae.use_slicing, vae.use_framewise_decoding, vae.use_framewise_encoding) == (
-        True,
-    ) * 4
+    assert (vae.use_tiling, vae.use_slicing, vae.use_framewise_decoding, vae.use_framewise_encoding) == (True,) * 4
     assert np.array_equal(clip(fp), base), "a clip smaller than one tile decodes exactly as before"
     long = clip(fp, num_frames=25)  # more latent frames than one temporal tile: decoded in overlapping tiles
     assert long.shape == (1, 25, 32, 32, 3) and np.isfinite(long).all()

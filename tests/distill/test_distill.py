@@ -31,8 +31,21 @@ def _sample(fp, **kwargs):
 
 def test_progressive_rounds_load_and_sample_in_their_step_count(models, tmp_path):
     out = tmp_path / "prog"
-    main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
-          "--steps-per-round", "2", *FAST])  # fmt: skip
+    main(
+        [
+            "distill",
+            "progressive",
+            str(models["tiny-ddpm"]),
+            str(out),
+            "--from",
+            "4",
+            "--to",
+            "1",
+            "--steps-per-round",
+            "2",
+            *FAST,
+        ]
+    )
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["steps-1", "steps-2"]
     for n in (2, 1):
         fp = load_student(out / f"steps-{n}")
@@ -46,19 +59,59 @@ def test_progressive_rounds_load_and_sample_in_their_step_count(models, tmp_path
         plain(batch_size=1, output_type="np")
         assert plain.context.nfe == n
     assert json.loads((out / MANIFEST).read_text())["done"]
-    with pytest.raises(
-        SystemExit, match="--resume"
-    ):  # an earlier run of the same command: only with --resume
-        main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
-              "--steps-per-round", "2", *FAST])  # fmt: skip
-    main(["distill", "progressive", str(models["tiny-ddpm"]), str(out), "--from", "4", "--to", "1",
-          "--steps-per-round", "2", *FAST, "--resume"])  # fmt: skip
+    with pytest.raises(SystemExit, match="--resume"):  # an earlier run of the same command: only with --resume
+        main(
+            [
+                "distill",
+                "progressive",
+                str(models["tiny-ddpm"]),
+                str(out),
+                "--from",
+                "4",
+                "--to",
+                "1",
+                "--steps-per-round",
+                "2",
+                *FAST,
+            ]
+        )
+    main(
+        [
+            "distill",
+            "progressive",
+            str(models["tiny-ddpm"]),
+            str(out),
+            "--from",
+            "4",
+            "--to",
+            "1",
+            "--steps-per-round",
+            "2",
+            *FAST,
+            "--resume",
+        ]
+    )
 
 
 def test_progressive_on_the_digits_reference_bakes_guidance_in(tmp_path):
     teacher = build("digits", tmp_path / "digits", size="bench")
-    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "2", "--to", "1",
-          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    main(
+        [
+            "distill",
+            "progressive",
+            str(teacher),
+            str(tmp_path / "prog"),
+            "--from",
+            "2",
+            "--to",
+            "1",
+            "--steps-per-round",
+            "1",
+            "--guidance",
+            "2",
+            *FAST,
+        ]
+    )
     student = tmp_path / "prog" / "steps-1"
     assert (student / "eval").is_dir()  # bench scores it with the reference's classifier
     info = json.loads((student / MANIFEST).read_text())
@@ -69,8 +122,21 @@ def test_progressive_on_the_digits_reference_bakes_guidance_in(tmp_path):
 
 def test_consistency_full_student_with_w_embedding(models, tmp_path):
     out = tmp_path / "lcm"
-    main(["distill", "consistency", str(models["tiny-sd"]), str(out), "--guidance-range", "2,4",
-          "--train-steps", "2", "--skip", "100", *FAST])  # fmt: skip
+    main(
+        [
+            "distill",
+            "consistency",
+            str(models["tiny-sd"]),
+            str(out),
+            "--guidance-range",
+            "2,4",
+            "--train-steps",
+            "2",
+            "--skip",
+            "100",
+            *FAST,
+        ]
+    )
     fp = load_student(out)
     assert fp.denoiser.config.time_cond_proj_dim == 256
     assert type(fp.pipe.scheduler).__name__ == "LCMScheduler"
@@ -81,8 +147,7 @@ def test_consistency_full_student_with_w_embedding(models, tmp_path):
 
 def test_consistency_lora_and_lcm_lora_apply_remove_bit_identical(models, tmp_path):
     out = tmp_path / "lora"
-    main(["distill", "consistency", str(models["tiny-ddpm"]), str(out), "--lora", "2", "--train-steps", "2",
-          *FAST])  # fmt: skip
+    main(["distill", "consistency", str(models["tiny-ddpm"]), str(out), "--lora", "2", "--train-steps", "2", *FAST])
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert not (out / "model_index.json").exists()
     fp = FastPipeline.from_pretrained(models["tiny-ddpm"])
@@ -137,8 +202,23 @@ def test_bad_input_is_refused_and_writes_nothing(models, tmp_path):
 def test_student_accelerator_swaps_weights_and_sampler_and_runs_one_batch(tmp_path):
     """student(path=) on the teacher equals loading the student; baked guidance: one batch; remove(): teacher."""
     teacher = build("digits", tmp_path / "digits", size="bench")
-    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "4", "--to", "2",
-          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    main(
+        [
+            "distill",
+            "progressive",
+            str(teacher),
+            str(tmp_path / "prog"),
+            "--from",
+            "4",
+            "--to",
+            "2",
+            "--steps-per-round",
+            "1",
+            "--guidance",
+            "2",
+            *FAST,
+        ]
+    )
     student = tmp_path / "prog" / "steps-2"
     wanted = _sample(load_student(student), class_labels=[3, 7], guidance_scale=1.0)
     fp = FastPipeline.from_pretrained(teacher)
@@ -153,23 +233,22 @@ def test_student_accelerator_swaps_weights_and_sampler_and_runs_one_batch(tmp_pa
         fp.accelerate("scheduler(name=ddim,steps=4)")
     handle.remove()
     probe.remove()
-    np.testing.assert_array_equal(
-        _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before
+    np.testing.assert_array_equal(_sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before)
+    assert type(fp.pipe.scheduler).__name__ != "DDIMScheduler" or fp.pipe.scheduler.config.prediction_type != (
+        "v_prediction"
     )
-    assert type(
-        fp.pipe.scheduler
-    ).__name__ != "DDIMScheduler" or fp.pipe.scheduler.config.prediction_type != ("v_prediction")
-    for bad, message in ((tmp_path, "not a student"), (tmp_path / "prog", "not a student"),
-                         (tmp_path / "missing", "not a student")):  # fmt: skip
+    for bad, message in (
+        (tmp_path, "not a student"),
+        (tmp_path / "prog", "not a student"),
+        (tmp_path / "missing", "not a student"),
+    ):
         with pytest.raises(AcceleratorError, match=message):
             fp.accelerate(f"student(path={bad})")
     other = FastPipeline.from_pretrained(build("tiny-ddpm", tmp_path / "ddpm", size="test"))
     with pytest.raises(AcceleratorError, match="UNet2DModel|does not fit"):
         other.accelerate(f"student(path={student})")
     assert not other.accelerators
-    np.testing.assert_array_equal(
-        _sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before
-    )
+    np.testing.assert_array_equal(_sample(fp, class_labels=[3, 7], num_inference_steps=3, guidance_scale=2.0), before)
 
 
 def test_dpm_solver_step_is_closer_to_the_teacher_ode_than_ddim(tmp_path):
@@ -200,8 +279,9 @@ def test_dpm_solver_step_is_closer_to_the_teacher_ode_than_ddim(tmp_path):
         for u, v in zip(grid[:-1], grid[1:]):
             uu, vv = torch.full((8,), u), torch.full((8,), v)
             fine = SOLVERS["ddim"](a_all)(fine, uu, vv, at(uu), at(vv), model)
-        errors = {name: (solve(a_all)(z, t, s, at(t), at(s), model) - fine).norm().item()
-                  for name, solve in SOLVERS.items()}  # fmt: skip
+        errors = {
+            name: (solve(a_all)(z, t, s, at(t), at(s), model) - fine).norm().item() for name, solve in SOLVERS.items()
+        }
         near = torch.full((8,), t0 - 1)  # no timestep strictly between: the DPM step is a DDIM step
         same = [solve(a_all)(z, t, near, at(t), at(near), model) for solve in SOLVERS.values()]
     assert errors["dpm"] < 0.5 * errors["ddim"], errors  # measured: 0.34x (digits, 699 -> 299)
@@ -211,8 +291,19 @@ def test_dpm_solver_step_is_closer_to_the_teacher_ode_than_ddim(tmp_path):
 def test_consistency_run_with_a_guidance_range_resumes(models, tmp_path):
     """The manifest stores the guidance range as a list; an earlier run of the same command is recognised."""
     out = tmp_path / "lcm"
-    args = ["distill", "consistency", str(models["tiny-sd"]), str(out), "--guidance-range", "2",
-            "--train-steps", "2", "--skip", "100", *FAST]  # fmt: skip
+    args = [
+        "distill",
+        "consistency",
+        str(models["tiny-sd"]),
+        str(out),
+        "--guidance-range",
+        "2",
+        "--train-steps",
+        "2",
+        "--skip",
+        "100",
+        *FAST,
+    ]
     main(args)
     with pytest.raises(SystemExit, match="--resume"):
         main(args)
@@ -223,8 +314,23 @@ def test_consistency_run_with_a_guidance_range_resumes(models, tmp_path):
 def test_baked_guidance_student_refuses_direct_calls_of_the_wrapped_pipe(tmp_path):
     """fp.pipe(...) would guide the guided student again: a loud error instead of a wrong image."""
     teacher = build("digits", tmp_path / "digits", size="bench")
-    main(["distill", "progressive", str(teacher), str(tmp_path / "prog"), "--from", "2", "--to", "1",
-          "--steps-per-round", "1", "--guidance", "2", *FAST])  # fmt: skip
+    main(
+        [
+            "distill",
+            "progressive",
+            str(teacher),
+            str(tmp_path / "prog"),
+            "--from",
+            "2",
+            "--to",
+            "1",
+            "--steps-per-round",
+            "1",
+            "--guidance",
+            "2",
+            *FAST,
+        ]
+    )
     fp = FastPipeline.from_pretrained(teacher)
     handle = fp.accelerate(f"student(path={tmp_path / 'prog' / 'steps-1'})")
     with pytest.raises(RuntimeError, match="call the FastPipeline"):

@@ -31,9 +31,7 @@ def test_grid_is_the_pipelines_own_flow_euler_grid(teacher):
     fp.pipe.set_progress_bar_config(disable=True)
     for steps in (2, 4):
         fp(prompt="a seven", num_inference_steps=steps, guidance_scale=1.0, output_type="latent")
-        assert torch.equal(
-            flow_grid(fp.pipe.scheduler, steps), torch.as_tensor(fp.pipe.scheduler.sigmas).float()
-        )
+        assert torch.equal(flow_grid(fp.pipe.scheduler, steps), torch.as_tensor(fp.pipe.scheduler.sigmas).float())
     grid = flow_grid(fp.pipe.scheduler, 4)
     assert grid.numel() == 5 and grid[0] == 1 and grid[-1] == 0 and bool((grid.diff() < 0).all())
 
@@ -42,13 +40,12 @@ def test_grid_is_the_pipelines_own_flow_euler_grid(teacher):
 @pytest.mark.timeout(300)
 def test_students_of_a_flow_teacher(teacher, tmp_path):
     out = tmp_path / "prog"
-    report = progressive(teacher, out, start=4, end=2, steps_per_round=4, batch=2, pool=4, guidance=3.0,
-                         progress=False)  # fmt: skip
+    report = progressive(
+        teacher, out, start=4, end=2, steps_per_round=4, batch=2, pool=4, guidance=3.0, progress=False
+    )
     assert list(report["rounds"]) == [2] and report["rounds"][2]["steps"] == 4
     info = json.loads((out / "steps-2" / "fastdiff_distill.json").read_text())
-    assert (
-        info["load_accelerators"] == "scheduler(name=flow-euler,steps=2)" and info["guidance_baked_in"] == 3.0
-    )
+    assert info["load_accelerators"] == "scheduler(name=flow-euler,steps=2)" and info["guidance_baked_in"] == 3.0
     assert json.loads((out / "fastdiff_distill.json").read_text())["command"]["pool"] == 4
     student = load_student(out / "steps-2")
     assert type(student.pipe.scheduler).__name__ == "FlowMatchEulerDiscreteScheduler"
@@ -69,8 +66,22 @@ def test_refusals_on_flow_teachers(teacher, tmp_path, capsys):
     with pytest.raises(DistillError, match="--pool"):
         progressive(teacher, tmp_path / "p", start=4, end=2, batch=8, pool=4)
     with pytest.raises(SystemExit) as cli:  # the command line: exit 2, one line naming the option
-        main(["distill", "progressive", str(teacher), str(tmp_path / "p"), "--from", "4", "--to", "2",
-              "--batch", "8", "--pool", "4"])  # fmt: skip
+        main(
+            [
+                "distill",
+                "progressive",
+                str(teacher),
+                str(tmp_path / "p"),
+                "--from",
+                "4",
+                "--to",
+                "2",
+                "--batch",
+                "8",
+                "--pool",
+                "4",
+            ]
+        )
     assert cli.value.code == 2
     assert "--pool (4) must hold at least one batch (8)" in capsys.readouterr().err
     flux = build("tiny-flux", tmp_path / "flux", size="test")

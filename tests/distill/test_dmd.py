@@ -42,8 +42,28 @@ def _weights(directory):
 
 def test_student_samples_in_one_call_with_its_recorded_sampler(teacher, tmp_path):
     path, init = teacher
-    main(["distill", "dmd", str(path), str(tmp_path / "s"), "--init", str(init), "--train-steps", "2",
-          "--batch", "2", "--regression", "0.5", "--pairs", "4", "--pair-steps", "2", "--ema-decay", "0.9"])  # fmt: skip
+    main(
+        [
+            "distill",
+            "dmd",
+            str(path),
+            str(tmp_path / "s"),
+            "--init",
+            str(init),
+            "--train-steps",
+            "2",
+            "--batch",
+            "2",
+            "--regression",
+            "0.5",
+            "--pairs",
+            "4",
+            "--pair-steps",
+            "2",
+            "--ema-decay",
+            "0.9",
+        ]
+    )
     student = tmp_path / "s" / "steps-1"
     info = json.loads((student / MANIFEST).read_text())
     assert info["method"] == "dmd" and info["steps"] == 1 and info["ema"]
@@ -81,8 +101,22 @@ def test_the_matching_loss_vanishes_when_the_fake_score_is_the_teacher(teacher, 
     cpu = torch.device("cpu")
 
     def matching_loss():
-        make = dmd_loss_fn(process_for(fp.pipe.scheduler), "sample", batches, fp.denoiser, fake, frozen, 1.0, 20, 980,
-                           1, method, 1.2, 0.0, None)  # fmt: skip
+        make = dmd_loss_fn(
+            process_for(fp.pipe.scheduler),
+            "sample",
+            batches,
+            fp.denoiser,
+            fake,
+            frozen,
+            1.0,
+            20,
+            980,
+            1,
+            method,
+            1.2,
+            0.0,
+            None,
+        )
         return make(gen, torch.Generator().manual_seed(0), cpu)
 
     loss, shown = matching_loss()
@@ -145,11 +179,17 @@ def test_snapshots_are_picked_on_selection_seeds_and_reported_on_others(tmp_path
     from fastdiff import FastPipeline
 
     teacher = build("digits", tmp_path / "digits", size="bench")
-    progressive(
-        teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, guidance=2.0, progress=False
+    progressive(teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, guidance=2.0, progress=False)
+    dmd(
+        teacher,
+        tmp_path / "s",
+        init=tmp_path / "prog" / "steps-1",
+        guidance=2.0,
+        train_steps=2,
+        snapshot_every=1,
+        pick_images=20,
+        **TINY,
     )
-    dmd(teacher, tmp_path / "s", init=tmp_path / "prog" / "steps-1", guidance=2.0, train_steps=2, snapshot_every=1,
-        pick_images=20, **TINY)  # fmt: skip
     info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
     selection = info["selection"]
     assert selection["candidates"] == ["step-000000", "step-000001", "step-000002"]  # the start is one
@@ -175,9 +215,7 @@ def test_students_are_refused_at_step_counts_they_were_not_validated_for(teacher
     assert all(row["finite"] and row["seed"] == 1 for row in info["measured"].values())
     fp = FastPipeline.from_pretrained(path)
     fp.pipe.set_progress_bar_config(disable=True)
-    with pytest.raises(
-        AcceleratorError, match=r"validated for steps \[1, 2, 4, 8\], not 3.*unvalidated=true"
-    ):
+    with pytest.raises(AcceleratorError, match=r"validated for steps \[1, 2, 4, 8\], not 3.*unvalidated=true"):
         fp.accelerate(f"student(path={tmp_path / 'lcm'},steps=3)")
     handle = fp.accelerate(f"student(path={tmp_path / 'lcm'},steps=3,unvalidated=true)")
     fp(batch_size=1, output_type="np")
@@ -250,8 +288,20 @@ def test_a_video_teacher_gives_a_one_step_student_picked_on_frames(tmp_path):
 
     # moving-digits is a WanPipeline: its calls return .frames, and its snapshots are scored as clips
     teacher = build("moving-digits", tmp_path / "md", size="test")
-    dmd(teacher, tmp_path / "s", guidance=1.5, train_steps=1, regression=0.5, pairs=2, pair_steps=2,
-        snapshot_every=1, selection_seeds=(0,), report_seeds=(1,), pick_images=2, **TINY)  # fmt: skip
+    dmd(
+        teacher,
+        tmp_path / "s",
+        guidance=1.5,
+        train_steps=1,
+        regression=0.5,
+        pairs=2,
+        pair_steps=2,
+        snapshot_every=1,
+        selection_seeds=(0,),
+        report_seeds=(1,),
+        pick_images=2,
+        **TINY,
+    )
     info = json.loads((tmp_path / "s" / "steps-1" / MANIFEST).read_text())
     assert info["selection"]["candidates"] == ["step-000000", "step-000001"]
     assert info["selection"]["report"] and info["selection"]["choice"] in info["selection"]["candidates"]
@@ -282,18 +332,19 @@ def test_the_zoo_builds_a_one_step_student_that_runs_on_its_teacher(tmp_path):
     images = fp(class_labels=[0, 9], guidance_scale=2.0, output_type="np").images
     assert fp.context.nfe == 1 and images.shape[0] == 2
     handle.remove()
-    flow = build(
-        "digits-flow-onestep", tmp_path / "flow-onestep", size="test"
-    )  # from a test-size digits-flow
+    flow = build("digits-flow-onestep", tmp_path / "flow-onestep", size="test")  # from a test-size digits-flow
     assert json.loads((flow / MANIFEST).read_text())["guidance_baked_in"] == 1.5
     assert (flow / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
 
 
 @pytest.mark.parametrize(
     "model, teacher_name, guidance, script",
-    [("digits-onestep", "digits", 2.0, "onestep_digits"), ("digits-onestep-g1", "digits", 1.0, "onestep_digits"),
-     ("digits-flow-onestep", "digits-flow", 1.5, "onestep_flow")],
-)  # fmt: skip
+    [
+        ("digits-onestep", "digits", 2.0, "onestep_digits"),
+        ("digits-onestep-g1", "digits", 1.0, "onestep_digits"),
+        ("digits-flow-onestep", "digits-flow", 1.5, "onestep_flow"),
+    ],
+)
 def test_the_shipped_one_step_students_install_checked_and_sample_digits_in_one_call(
     tmp_path, model, teacher_name, guidance, script
 ):
@@ -341,10 +392,12 @@ def test_lora_views_share_one_base_and_merge_into_the_generator(tmp_path):
     fp = load_teacher(build("digits-flow", tmp_path / "digits-flow", size="test"), allow_flow=True)
     original = fresh_copy(fp.denoiser)
     c, g = original.config, torch.Generator().manual_seed(0)
-    inputs = {"hidden_states": torch.randn(2, c.in_channels, c.sample_size, c.sample_size, generator=g),
-              "timestep": torch.tensor([500.0, 200.0]),
-              "encoder_hidden_states": torch.randn(2, 4, c.joint_attention_dim, generator=g),
-              "pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g)}  # fmt: skip
+    inputs = {
+        "hidden_states": torch.randn(2, c.in_channels, c.sample_size, c.sample_size, generator=g),
+        "timestep": torch.tensor([500.0, 200.0]),
+        "encoder_hidden_states": torch.randn(2, 4, c.joint_attention_dim, generator=g),
+        "pooled_projections": torch.randn(2, c.pooled_projection_dim, generator=g),
+    }
 
     def out(module):
         with torch.no_grad():
@@ -396,13 +449,9 @@ def test_lora_mode_trains_two_adapters_resumes_exactly_and_refuses_what_it_canno
     info = json.loads((tmp_path / "whole" / "steps-1" / MANIFEST).read_text())
     assert info["lora"] == 4
     teacher_weights = load_teacher(flow, allow_flow=True).denoiser.state_dict()
-    assert first.keys() == teacher_weights.keys() and any(
-        not torch.equal(first[k], teacher_weights[k]) for k in first
-    )
+    assert first.keys() == teacher_weights.keys() and any(not torch.equal(first[k], teacher_weights[k]) for k in first)
     path, init = teacher
-    with pytest.raises(
-        DistillError, match="--lora needs a teacher that predicts what the one-step generator reads"
-    ):
+    with pytest.raises(DistillError, match="--lora needs a teacher that predicts what the one-step generator reads"):
         dmd(path, tmp_path / "eps", lora=4, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="--init and --ema-decay need full mode"):
         dmd(flow, tmp_path / "ema", lora=4, ema_decay=0.9, train_steps=1, **TINY)
@@ -417,9 +466,7 @@ def test_the_gan_head_reads_the_fake_scores_middle_features_only_while_capturing
     inputs = {"sample": x, "timestep": torch.tensor([10, 500, 900])}
     head = GanHead(unet, {"sample": x[:1], "timestep": torch.tensor([999])})
     logits, out = head.logits(lambda i: type(unet).forward(unet, **i, return_dict=False)[0], inputs)
-    assert (
-        logits.shape == (3,) and torch.equal(logits, torch.zeros(3)) and out.shape == x.shape
-    )  # starts undecided
+    assert logits.shape == (3,) and torch.equal(logits, torch.zeros(3)) and out.shape == x.shape  # starts undecided
     assert discriminator_loss(logits, logits).item() == pytest.approx(2 * np.log(2))
     assert generator_loss(logits).item() == pytest.approx(np.log(2))
     unet(**inputs)  # outside capture(): nothing is recorded

@@ -30,13 +30,35 @@ from fastdiff.parallel.group import ParallelConfig
 # every family's default tiny build (the README's table), the digits reference (class-conditional UNet) and the
 # exact Gaussian-mixture models
 FAMILIES = (
-    "tiny-sd", "tiny-sdxl", "tiny-dit", "tiny-ddpm", "digits", "tiny-flux", "tiny-flux2", "tiny-sd3", "tiny-sana",
-    "tiny-pixart-sigma", "tiny-qwen-image", "tiny-zimage", "tiny-wan", "tiny-cogvideox", "tiny-ltx",
-    "tiny-hunyuan-video", "gmm", "gmm-flow",
-)  # fmt: skip
+    "tiny-sd",
+    "tiny-sdxl",
+    "tiny-dit",
+    "tiny-ddpm",
+    "digits",
+    "tiny-flux",
+    "tiny-flux2",
+    "tiny-sd3",
+    "tiny-sana",
+    "tiny-pixart-sigma",
+    "tiny-qwen-image",
+    "tiny-zimage",
+    "tiny-wan",
+    "tiny-cogvideox",
+    "tiny-ltx",
+    "tiny-hunyuan-video",
+    "gmm",
+    "gmm-flow",
+)
 # the pipeline classes whose facts name no family (their class names it)
-UNNAMED = ("StableDiffusionPipeline", "StableDiffusionXLPipeline", "DiTPipeline", "DDPMPipeline",
-           "ClassConditionalPipeline", "GMMPipeline", "GMMFlowPipeline")  # fmt: skip
+UNNAMED = (
+    "StableDiffusionPipeline",
+    "StableDiffusionXLPipeline",
+    "DiTPipeline",
+    "DDPMPipeline",
+    "ClassConditionalPipeline",
+    "GMMPipeline",
+    "GMMFlowPipeline",
+)
 # their transformer and scheduler classes are Flux's and Flux.2's: make test-full only
 FULL_FAMILIES = ("tiny-flux-schnell", "tiny-flux2-klein")
 HEAVY = ("quantize", "sparsity", "prune", "lowrank", "compile")  # weight changers and compile: full rows
@@ -50,9 +72,7 @@ ARTIFACT_SPECS = {
     **{f"parallel-{m}": f"parallel(mode={m})" for m in ParallelConfig.variants},
 }
 CELLS = [
-    full_only(f, a, ci=f in FAMILIES and a not in HEAVY)
-    for f in (*FAMILIES, *FULL_FAMILIES)
-    for a in MATRIX_SPECS
+    full_only(f, a, ci=f in FAMILIES and a not in HEAVY) for f in (*FAMILIES, *FULL_FAMILIES) for a in MATRIX_SPECS
 ]
 
 
@@ -69,9 +89,7 @@ def pipes(tmp_path_factory):
                 from fastdiff.zoo.shipped import install_digits
 
                 out = tmp_path_factory.mktemp(family)
-                cache[family] = load_pipeline(
-                    install_digits(out) if family == "digits" else build(family, out)
-                )
+                cache[family] = load_pipeline(install_digits(out) if family == "digits" else build(family, out))
                 cache[family].set_progress_bar_config(disable=True)
         return cache[family]
 
@@ -125,9 +143,7 @@ def test_cfg_interval_takes_zimage_images_whole_outside_the_window(prompt, batch
 
     def run(guidance):
         kwargs = dict(make_inputs(pipe, batch), prompt=[prompt] * batch, guidance_scale=guidance)
-        return fp(
-            **kwargs, num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0)
-        )
+        return fp(**kwargs, num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0))
 
     unguided = run(0.0).images
     handle = fp.accelerate("cfg-interval(start=0.0,end=0.0)")

@@ -49,9 +49,7 @@ def classifier(split):
 def build_dir(tmp_path_factory, split, classifier):
     """A digits-style directory: an (untrained) pipeline with the classifier and split beside it."""
     out = tmp_path_factory.mktemp("digits-eval")
-    ClassConditionalPipeline(
-        unet=reference_unet(16), scheduler=DDPMScheduler(clip_sample=False)
-    ).save_pretrained(out)
+    ClassConditionalPipeline(unet=reference_unet(16), scheduler=DDPMScheduler(clip_sample=False)).save_pretrained(out)
     save_classifier(classifier, out / "eval" / "classifier.pt")
     np.savez_compressed(out / "eval" / "split.npz", **split)
     return out
@@ -110,9 +108,7 @@ def test_fd_matches_scipy_frechet_distance(split, classifier):
         warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
         root = scipy.linalg.sqrtm(cov_a @ cov_b).real
     expected = ((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * root)
-    assert fd(split["x_train"][:300], split["x_test"], classifier) == pytest.approx(
-        expected, rel=1e-3, abs=1e-3
-    )
+    assert fd(split["x_train"][:300], split["x_test"], classifier) == pytest.approx(expected, rel=1e-3, abs=1e-3)
 
 
 def test_fd_floor_validates_n(split, classifier):
@@ -130,8 +126,18 @@ def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, 
     assert pipeline_directory(pipe) == build_dir
     kwargs = {"class_labels": split["y_test"].tolist(), "num_inference_steps": 50}
     result = digits_quality(pipe, kwargs, nhwc(split["x_test"]), seed=0)
-    assert set(result) == {"accuracy", "fd", "fd_floor", "fd_floor_low", "fd_floor_high", "fd_floor_draws",
-                           "fd_ratio", "fd_ratio_low", "fd_ratio_high", "fd_floor_distinct"}  # fmt: skip
+    assert set(result) == {
+        "accuracy",
+        "fd",
+        "fd_floor",
+        "fd_floor_low",
+        "fd_floor_high",
+        "fd_floor_draws",
+        "fd_ratio",
+        "fd_ratio_low",
+        "fd_ratio_high",
+        "fd_floor_distinct",
+    }
     assert result["accuracy"] == accuracy(split["x_test"], split["y_test"], classifier)
     assert abs(result["fd"]) < 1e-3  # the test images against themselves
     # the floor: 5 draws of distinct train images with the test set's digit mix, image for image
@@ -141,9 +147,7 @@ def test_registered_evaluator_reads_directory_beside_pipeline(build_dir, split, 
     assert not any(np.array_equal(a, b) for a in picks for b in others)  # seeds 0 and 1 share no draw
     draws = [fd(split["x_train"][p], split["x_test"], classifier) for p in picks]
     assert result["fd_floor"] == pytest.approx(float(np.median(draws)), rel=1e-3)
-    assert (
-        result["fd_floor_low"] == pytest.approx(min(draws), rel=1e-3) and result["fd_floor_distinct"] is True
-    )
+    assert result["fd_floor_low"] == pytest.approx(min(draws), rel=1e-3) and result["fd_floor_distinct"] is True
     # cached per directory: the same loaded object, and repeated calls agree
     assert load_reference_eval(build_dir) is load_reference_eval(str(build_dir))
     noisy = np.random.default_rng(0).random((100, 16, 16, 1))
@@ -189,9 +193,7 @@ def test_fidelity_rejects_mismatched_shapes():
 
 
 def test_paired_fd_bootstrap_spread_and_difference_interval(split, classifier):
-    ref = ReferenceEval(
-        Path("."), classifier, split["x_train"], split["y_train"], split["x_test"], split["y_test"]
-    )
+    ref = ReferenceEval(Path("."), classifier, split["x_train"], split["y_train"], split["x_test"], split["y_test"])
     real = split["x_train"][:300]
     noisy = np.clip(real + 0.3 * np.random.default_rng(0).standard_normal(real.shape), 0, 1)
     spread = paired_fd_bootstrap({"real": real, "same": real.copy(), "noisy": noisy}, ref, resamples=50)

@@ -26,11 +26,13 @@ def test_write_record_adds_version_benchmark_and_provenance(tmp_path):
 
 
 def test_a_ratio_without_spread_is_refused_and_the_result_kept(tmp_path):
-    result = {"configs": [{"name": "a", "speedup": 1.0, "speedup_min": 1.0, "speedup_max": 1.0},
-                          {"name": "b", "cpu_speedup": 2.5}]}  # fmt: skip
-    with pytest.raises(
-        RecordError, match=r"\$\.configs\[1\]\.cpu_speedup: a speed ratio needs its spread"
-    ) as error:
+    result = {
+        "configs": [
+            {"name": "a", "speedup": 1.0, "speedup_min": 1.0, "speedup_max": 1.0},
+            {"name": "b", "cpu_speedup": 2.5},
+        ]
+    }
+    with pytest.raises(RecordError, match=r"\$\.configs\[1\]\.cpu_speedup: a speed ratio needs its spread") as error:
         write_record(tmp_path / "r.json", result, benchmark="demo")
     assert "r.json.rejected" in str(error.value)
     assert not (tmp_path / "r.json").exists()

@@ -30,16 +30,23 @@ STEPS = 5
 def small_unet(cls=UNet2DModel) -> UNet2DModel:
     torch.manual_seed(0)
     return cls(
-        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        num_class_embeds=11, norm_num_groups=8,
-    ).eval()  # fmt: skip
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        num_class_embeds=11,
+        norm_num_groups=8,
+    ).eval()
 
 
 def digits_like(prediction_type: str = "epsilon") -> ClassConditionalPipeline:
     # Betas given explicitly: presets built from_config keep only explicitly set values.
-    scheduler = DDIMScheduler(beta_start=1e-4, beta_end=0.02, beta_schedule="linear", clip_sample=False,
-                              prediction_type=prediction_type)  # fmt: skip
+    scheduler = DDIMScheduler(
+        beta_start=1e-4, beta_end=0.02, beta_schedule="linear", clip_sample=False, prediction_type=prediction_type
+    )
     pipe = ClassConditionalPipeline(unet=small_unet(), scheduler=scheduler)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -165,9 +172,7 @@ class LabelSpy:
 
 def classifier_of(fp):
     return fp.denoiser._diffusers_hook.hooks[
-        next(
-            n for n in fp.denoiser._diffusers_hook._hook_order if n.startswith("fastdiff.classifier-guidance")
-        )
+        next(n for n in fp.denoiser._diffusers_hook._hook_order if n.startswith("fastdiff.classifier-guidance"))
     ].hook.classifier
 
 
@@ -219,12 +224,28 @@ def test_train_classifier_command(tmp_path, capsys):
     pipe.save_pretrained(tmp_path / "model")
     rng = np.random.default_rng(0)
     (tmp_path / "model" / "eval").mkdir()
-    np.savez(tmp_path / "model" / "eval" / "split.npz", x_train=rng.random((40, 1, 16, 16), dtype=np.float32),
-             y_train=np.arange(40) % 10, x_test=rng.random((20, 1, 16, 16), dtype=np.float32),
-             y_test=np.arange(20) % 10)  # fmt: skip
+    np.savez(
+        tmp_path / "model" / "eval" / "split.npz",
+        x_train=rng.random((40, 1, 16, 16), dtype=np.float32),
+        y_train=np.arange(40) % 10,
+        x_test=rng.random((20, 1, 16, 16), dtype=np.float32),
+        y_test=np.arange(20) % 10,
+    )
     out = tmp_path / "clf.pt"
-    cli_main(["train-classifier", str(tmp_path / "model"), str(out), "--steps", "3", "--batch-size", "8",
-              "--widths", "8", "16"])  # fmt: skip
+    cli_main(
+        [
+            "train-classifier",
+            str(tmp_path / "model"),
+            str(out),
+            "--steps",
+            "3",
+            "--batch-size",
+            "8",
+            "--widths",
+            "8",
+            "16",
+        ]
+    )
     model, report = load_noisy_classifier(out)
     assert report["steps"] == 3 and set(report["test_accuracy_by_t"]) >= {"0", "500", "999"}
     assert json.loads((tmp_path / "clf.pt.json").read_text())["model"] == str(tmp_path / "model")
@@ -233,6 +254,4 @@ def test_train_classifier_command(tmp_path, capsys):
     fp.accelerate(f"classifier-guidance(path={out},scale=1,unconditional=true)")
     assert np.isfinite(run(fp)).all()
     with pytest.raises(SystemExit, match="no training data at"):
-        cli_main(
-            ["train-classifier", str(tmp_path / "model"), str(out), "--data", str(tmp_path / "none.npz")]
-        )
+        cli_main(["train-classifier", str(tmp_path / "model"), str(out), "--data", str(tmp_path / "none.npz")])

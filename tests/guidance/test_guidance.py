@@ -26,10 +26,16 @@ def make_digits_like() -> ClassConditionalPipeline:
     """A small random ClassConditionalPipeline shaped like the digits reference (16px, 10 classes + null)."""
     torch.manual_seed(0)
     unet = UNet2DModel(
-        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        num_class_embeds=11, norm_num_groups=8,
-    )  # fmt: skip
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        num_class_embeds=11,
+        norm_num_groups=8,
+    )
     return ClassConditionalPipeline(unet=unet.eval(), scheduler=DDIMScheduler(clip_sample=False))
 
 

@@ -33,11 +33,10 @@ def _single(model, specs):
 def test_two_ranks_give_the_single_process_images(tiny_sd):
     single = _single(tiny_sd, SPECS)
     two = launch(generate, 2, str(tiny_sd), [f"{s};parallel(mode=cfg,devices=2)" for s in SPECS], CALL)
-    for (
-        specs
-    ) in SPECS:  # half-batch kernels round differently: measured max difference 1.4e-6 (pixels in [0, 1])
-        np.testing.assert_allclose(two[f"{specs};parallel(mode=cfg,devices=2)"]["images"], single[specs]["images"],
-                                   atol=1e-5, err_msg=specs)  # fmt: skip
+    for specs in SPECS:  # half-batch kernels round differently: measured max difference 1.4e-6 (pixels in [0, 1])
+        np.testing.assert_allclose(
+            two[f"{specs};parallel(mode=cfg,devices=2)"]["images"], single[specs]["images"], atol=1e-5, err_msg=specs
+        )
 
 
 @pytest.mark.slow
@@ -116,8 +115,10 @@ def _affinities(rank, world):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs two cores and sched_setaffinity")  # fmt: skip
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two cores and sched_setaffinity",
+)
 def test_cpu_workers_get_a_core_each_when_there_are_enough():
     cores = sorted(os.sched_getaffinity(0))
     assert launch(_affinities, 2) == [[cores[0]], [cores[1]]]
@@ -139,8 +140,9 @@ def test_flow_transformer_with_batched_guidance_gives_the_single_process_images(
     single = generate(0, 1, str(sd3), specs, call)
     two = launch(generate, 2, str(sd3), [f"{s};parallel(mode=cfg,devices=2)" for s in specs], call)
     for spec in specs:
-        np.testing.assert_allclose(two[f"{spec};parallel(mode=cfg,devices=2)"]["images"], single[spec]["images"],
-                                   atol=1e-5, err_msg=spec)  # fmt: skip
+        np.testing.assert_allclose(
+            two[f"{spec};parallel(mode=cfg,devices=2)"]["images"], single[spec]["images"], atol=1e-5, err_msg=spec
+        )
     zimage = FastPipeline.from_pretrained(build("tiny-zimage", tmp_path / "zimage", size="test"))
     with pytest.raises(AcceleratorError, match="lists of per-image tensors"):
         zimage.accelerate("parallel(mode=cfg,devices=2)")
@@ -151,13 +153,20 @@ def test_flow_transformer_with_batched_guidance_gives_the_single_process_images(
 @pytest.mark.parametrize("name", ["tiny-ltx", pytest.param("tiny-cogvideox", marks=pytest.mark.full)])
 def test_video_transformers_with_batched_guidance_give_the_single_process_frames(name, tmp_path):
     """LTX-Video and CogVideoX batch (uncond, cond) too: one branch per rank gives the one-process frames."""
-    call = {"prompt": ["a red circle moving left"], "num_inference_steps": 3, "guidance_scale": 4.0,
-            "num_frames": 9, "height": 32, "width": 32}  # fmt: skip
+    call = {
+        "prompt": ["a red circle moving left"],
+        "num_inference_steps": 3,
+        "guidance_scale": 4.0,
+        "num_frames": 9,
+        "height": 32,
+        "width": 32,
+    }
     model = build(name, tmp_path / name, size="test")
     specs = ["", "forecast(interval=2,warmup=1)"]
     single = generate(0, 1, str(model), specs, call)
-    two = launch(generate, 2, str(model), ["parallel(mode=cfg,devices=2)" + (f";{s}" if s else "") for s in specs],
-                 call)  # fmt: skip
+    two = launch(
+        generate, 2, str(model), ["parallel(mode=cfg,devices=2)" + (f";{s}" if s else "") for s in specs], call
+    )
     for spec in specs:
         frames = two["parallel(mode=cfg,devices=2)" + (f";{spec}" if spec else "")]["images"]
         assert frames.shape == single[spec]["images"].shape and frames.ndim == 5
@@ -184,8 +193,11 @@ def _separate_calls(rank, world, runs: dict):
     fp = FastPipeline.from_pretrained(runs["tiny-wan"][0], accelerators="parallel(mode=cfg,devices=2)")
     fp.pipe.set_progress_bar_config(disable=True)
     try:  # a callback changes the uncond inputs mid-call: the run-ahead branch would be wrong, so the call fails
-        fp(**runs["tiny-wan"][1], callback_on_step_end=_halved_negative,
-           callback_on_step_end_tensor_inputs=["latents", "negative_prompt_embeds"])  # fmt: skip
+        fp(
+            **runs["tiny-wan"][1],
+            callback_on_step_end=_halved_negative,
+            callback_on_step_end_tensor_inputs=["latents", "negative_prompt_embeds"],
+        )
         return out, None, fp.context.nfe
     except AcceleratorError as error:
         return out, str(error), fp.context.nfe
@@ -203,13 +215,9 @@ def test_separate_guidance_calls_run_one_per_rank_with_the_single_process_output
     two, refusal, nfe = launch(_separate_calls, 2, runs, timeout_s=200)
     for name, (path, call) in runs.items():
         single = generate(0, 1, path, [""], call)[""]["images"]
-        np.testing.assert_array_equal(
-            two[name]["parallel(mode=cfg,devices=2)"]["images"], single, err_msg=name
-        )
+        np.testing.assert_array_equal(two[name]["parallel(mode=cfg,devices=2)"]["images"], single, err_msg=name)
     assert refusal and "(encoder_hidden_states changed)" in refusal, refusal
-    assert (
-        nfe == 2 + 1 + 1
-    )  # step 0 whole (2 calls), step 1 run ahead (1 per rank), failed at step 2's second call
+    assert nfe == 2 + 1 + 1  # step 0 whole (2 calls), step 1 run ahead (1 per rank), failed at step 2's second call
 
 
 @pytest.mark.slow
@@ -242,9 +250,7 @@ def test_generate_writes_video_clips_and_devices_2_splits_wans_guidance_calls(tm
     clips = []
     for d in ("one", "two"):
         with Image.open(tmp_path / d / "clip_000.gif") as gif:
-            clips.append(
-                np.stack([np.asarray(f.convert("RGB"), dtype=np.int16) for f in ImageSequence.Iterator(gif)])
-            )
+            clips.append(np.stack([np.asarray(f.convert("RGB"), dtype=np.int16) for f in ImageSequence.Iterator(gif)]))
         assert (tmp_path / d / "grid.png").exists()
     assert clips[0].shape == (5, 32, 32, 3)
     np.testing.assert_array_equal(clips[0], clips[1])

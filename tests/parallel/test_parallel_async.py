@@ -45,9 +45,7 @@ def _each_model(rank, world, runs: dict, specs: list[str]):
 
 
 def _two_stage_checks(rank, world, runs: dict, specs: list[str]):
-    plans = {
-        name: _apply_remove_and_plan(rank, world, *runs[name]) for name in ("tiny-sd", "digits", "tiny-dit")
-    }
+    plans = {name: _apply_remove_and_plan(rank, world, *runs[name]) for name in ("tiny-sd", "digits", "tiny-dit")}
     return _each_model(rank, world, runs, specs), plans
 
 
@@ -55,9 +53,11 @@ def _two_stage_checks(rank, world, runs: dict, specs: list[str]):
 def two_stages(models):
     """One launch of 2 workers for the 2-stage checks (starting workers costs more than the calls)."""
     labels = {"class_labels": [1, 7], "num_inference_steps": STEPS}
-    runs = {"tiny-sd": (str(models["tiny-sd"]), SD_CALL),
-            "digits": (str(models["digits"]), dict(labels, guidance_scale=2.0)),
-            "tiny-dit": (str(models["tiny-dit"]), dict(labels, guidance_scale=4.0))}  # fmt: skip
+    runs = {
+        "tiny-sd": (str(models["tiny-sd"]), SD_CALL),
+        "digits": (str(models["digits"]), dict(labels, guidance_scale=2.0)),
+        "tiny-dit": (str(models["tiny-dit"]), dict(labels, guidance_scale=4.0)),
+    }
     return launch(_two_stage_checks, 2, runs, STAGED_SPECS, timeout_s=60)
 
 
@@ -133,14 +133,18 @@ def _apply_remove_and_plan(rank, world, model, call):
     # every output of stage 0 exchanged, not only those that stage 1 was traced to read
     state.set_exchange(OverlappedExchange(every_output=True))
     exchange_all = run()
-    state.set_exchange(
-        BlockingExchange()
-    )  # one blocking exchange at the start of each step, not posted broadcasts
+    state.set_exchange(BlockingExchange())  # one blocking exchange at the start of each step, not posted broadcasts
     blocking = run()
     state.set_exchange(OverlappedExchange())
     cut = state.plan
-    plan = {"settled": state.settled, "order": cut.order, "owner": dict(cut.owner), "split": dict(cut.split),
-            "stage_costs": cut.stage_seconds(), "send": dict(cut.send)}  # fmt: skip
+    plan = {
+        "settled": state.settled,
+        "order": cut.order,
+        "owner": dict(cut.owner),
+        "split": dict(cut.split),
+        "stage_costs": cut.stage_seconds(),
+        "send": dict(cut.send),
+    }
     # the first layer of stage 1 shared by rows with stage 0; without guidance the rows never meet, so the head
     # rows follow the cut with that layer in stage 0 and the others the cut with it in stage 1
     owner = plan["owner"]
@@ -157,9 +161,19 @@ def _apply_remove_and_plan(rank, world, model, call):
             state.set_cut(*cut)
             rows[key, extrapolate] = run(dict(call, guidance_scale=1.0))
     handle.remove()
-    return {"before": before, "after": run(), "first": first, "first_cut": first_cut, "staged": staged,
-            "again": again, "exchange_all": exchange_all, "blocking": blocking, "rows": rows,
-            "boundary_splittable": boundary in state.trace.splittable, **plan}  # fmt: skip
+    return {
+        "before": before,
+        "after": run(),
+        "first": first,
+        "first_cut": first_cut,
+        "staged": staged,
+        "again": again,
+        "exchange_all": exchange_all,
+        "blocking": blocking,
+        "rows": rows,
+        "boundary_splittable": boundary in state.trace.splittable,
+        **plan,
+    }
 
 
 @pytest.mark.slow
@@ -195,9 +209,7 @@ def _check_apply_remove_and_plan(name, out):
     np.testing.assert_array_equal(out["staged"], out["exchange_all"], err_msg=name)
     # outputs sent as soon as computed (received while the next stage computes): the same as exchanged at once
     np.testing.assert_array_equal(out["staged"], out["blocking"], err_msg=name)
-    assert (
-        0 < len(out["send"][0]) and out["send"][1] == [n for n in out["order"] if out["owner"][n] == 1][-1:]
-    )
+    assert 0 < len(out["send"][0]) and out["send"][1] == [n for n in out["order"] if out["owner"][n] == 1][-1:]
     return moved
 
 
@@ -225,9 +237,7 @@ FLOW_CALL = {
 
 def _flow_models(rank, world, runs: dict):
     specs = [f"{FLOW_SAMPLER};parallel(mode=async,devices=2,warmup={w})" for w in (STEPS, 2)]
-    images = {
-        name: generate(rank, world, path, [FLOW_SAMPLER, *specs], call) for name, (path, call) in runs.items()
-    }
+    images = {name: generate(rank, world, path, [FLOW_SAMPLER, *specs], call) for name, (path, call) in runs.items()}
     flux = FastPipeline.from_pretrained(runs["tiny-flux"][0], accelerators=specs[1])
     flux.pipe.set_progress_bar_config(disable=True)
     true_cfg = dict(FLOW_CALL, negative_prompt=["blur", "blur"], true_cfg_scale=3.0)
@@ -244,14 +254,14 @@ def _flow_models(rank, world, runs: dict):
 def test_two_stages_on_flow_transformers(tmp_path):
     """SD3 (joint blocks, batched guidance) and Flux (dual- then single-stream blocks) in two stages; Flux's
     true CFG (cond and uncond as separate calls) is refused: one set of stale activations cannot serve both."""
-    runs = {"tiny-sd3": (str(build("tiny-sd3", tmp_path / "sd3", size="test")), dict(FLOW_CALL, guidance_scale=5.0)),
-            "tiny-flux": (str(build("tiny-flux", tmp_path / "flux", size="test")), FLOW_CALL)}  # fmt: skip
+    runs = {
+        "tiny-sd3": (str(build("tiny-sd3", tmp_path / "sd3", size="test")), dict(FLOW_CALL, guidance_scale=5.0)),
+        "tiny-flux": (str(build("tiny-flux", tmp_path / "flux", size="test")), FLOW_CALL),
+    }
     images, (refusal, nfe) = launch(_flow_models, 2, runs, timeout_s=90)
     for name, out in images.items():
         plain = out[FLOW_SAMPLER]["images"]
-        warm, staged = (
-            out[f"{FLOW_SAMPLER};parallel(mode=async,devices=2,warmup={w})"]["images"] for w in (STEPS, 2)
-        )
+        warm, staged = (out[f"{FLOW_SAMPLER};parallel(mode=async,devices=2,warmup={w})"]["images"] for w in (STEPS, 2))
         np.testing.assert_array_equal(warm, plain, err_msg=name)
         # measured 64 dB (SD3) and 75 dB (Flux) at 6 steps
         assert np.isfinite(staged).all() and 30 < psnr(staged, plain) < 200, (name, psnr(staged, plain))
@@ -262,10 +272,16 @@ def test_two_stages_on_flow_transformers(tmp_path):
 # The other flow-transformer families and the video families, at their default samplers; Wan and Flux.2 Klein
 # run guidance as separate calls, so they are staged at guidance 1 and refused above it.
 STAGED_FAMILIES = {
-    "tiny-flux2": {}, "tiny-qwen-image": {}, "tiny-zimage": {}, "tiny-sana": {},
-    "tiny-pixart-sigma": dict(use_resolution_binning=False), "tiny-wan": dict(guidance_scale=1.0, num_frames=9),
-    "tiny-cogvideox": dict(num_frames=9), "tiny-ltx": dict(num_frames=9), "tiny-hunyuan-video": dict(num_frames=9),
-}  # fmt: skip
+    "tiny-flux2": {},
+    "tiny-qwen-image": {},
+    "tiny-zimage": {},
+    "tiny-sana": {},
+    "tiny-pixart-sigma": dict(use_resolution_binning=False),
+    "tiny-wan": dict(guidance_scale=1.0, num_frames=9),
+    "tiny-cogvideox": dict(num_frames=9),
+    "tiny-ltx": dict(num_frames=9),
+    "tiny-hunyuan-video": dict(num_frames=9),
+}
 STAGED = "parallel(mode=async,devices=2,warmup=2)"
 
 
@@ -287,9 +303,7 @@ def test_two_stages_on_every_other_flow_and_video_family(tmp_path):
     at 4 steps); Wan's separate guidance calls are refused, naming why."""
     runs = {}
     for name, extra in STAGED_FAMILIES.items():
-        call = dict(
-            prompt=["a red circle", "a blue square"], num_inference_steps=4, height=32, width=32, **extra
-        )
+        call = dict(prompt=["a red circle", "a blue square"], num_inference_steps=4, height=32, width=32, **extra)
         runs[name] = (str(build(name, tmp_path / name, size="test")), call)
     wan_cfg = dict(runs["tiny-wan"][1], guidance_scale=5.0)
     images, refusal = launch(_families, 2, runs, (runs["tiny-wan"][0], wan_cfg), timeout_s=200)
@@ -420,6 +434,4 @@ def test_bench_devices_runs_parallel_configs_in_workers(models):
     result = run_bench(models["tiny-sd"], configs, runs=1, warmup=False, devices=2, quality=False)
     one, two = result["configs"]
     assert result["settings"]["devices"] == 2 and two["denoiser_calls"] == STEPS
-    assert (
-        two["psnr"] > 100
-    )  # rank 0's images: the whole model on every rank equals one process to float precision
+    assert two["psnr"] > 100  # rank 0's images: the whole model on every rank equals one process to float precision

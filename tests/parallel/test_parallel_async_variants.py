@@ -18,9 +18,7 @@ from fastdiff.parallel.run import generate
 from fastdiff.zoo import build
 from fastdiff.zoo.variants import make_variant
 
-pytestmark = (
-    pytest.mark.full
-)  # one 2-worker launch of about a minute; `make test` runs async on tiny-sd and DiT
+pytestmark = pytest.mark.full  # one 2-worker launch of about a minute; `make test` runs async on tiny-sd and DiT
 
 STEPS = 6
 SAMPLER = f"scheduler(name=dpm++2m,steps={STEPS})"

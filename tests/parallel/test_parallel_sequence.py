@@ -40,8 +40,12 @@ def round_trip(rank: int, world: int, model: str, call: dict, specs: str) -> dic
     handle = fp.accelerate(specs)
     accelerated = run()
     handle.remove()
-    return {"plain": plain, "accelerated": accelerated, "after": run(),
-            "changed": state_differences(before, module_state(fp.pipe))}  # fmt: skip
+    return {
+        "plain": plain,
+        "accelerated": accelerated,
+        "after": run(),
+        "changed": state_differences(before, module_state(fp.pipe)),
+    }
 
 
 @pytest.fixture(scope="module")

@@ -64,9 +64,7 @@ def results_check() -> subprocess.CompletedProcess:
 
 def test_results_pages_match_the_json():
     proc = results_check()
-    assert proc.returncode == 0, (
-        f"stale generated docs (run python -m benchmarks.results_page):\n{proc.stderr}"
-    )
+    assert proc.returncode == 0, f"stale generated docs (run python -m benchmarks.results_page):\n{proc.stderr}"
 
 
 def test_check_names_a_page_edited_by_hand(tmp_path, monkeypatch, capsys, rp):
@@ -76,9 +74,7 @@ def test_check_names_a_page_edited_by_hand(tmp_path, monkeypatch, capsys, rp):
     text = README.read_text()
     assert "<!-- results:begin accelerators -->" in text, "README.md lost its generated accelerator table"
     readme.write_text(
-        text.replace(
-            "<!-- results:begin accelerators -->\n", "<!-- results:begin accelerators -->\n| x |\n", 1
-        )
+        text.replace("<!-- results:begin accelerators -->\n", "<!-- results:begin accelerators -->\n| x |\n", 1)
     )
     monkeypatch.setattr(pages, "README", readme)
     monkeypatch.setattr(pages, "DOCS", docs)
@@ -99,15 +95,18 @@ def test_check_names_a_page_edited_by_hand(tmp_path, monkeypatch, capsys, rp):
 
 def test_check_refuses_a_results_file_without_provenance(tmp_path, monkeypatch, capsys, rp):
     pages = rp.pages
-    full = {"command": "fastdiff bench digits", "commit": "abc", "date": "2026-12-05", "device": "cpu",
-            "load": {"start": 0.1, "end": 0.2}}  # fmt: skip
+    full = {
+        "command": "fastdiff bench digits",
+        "commit": "abc",
+        "date": "2026-12-05",
+        "device": "cpu",
+        "load": {"start": 0.1, "end": 0.2},
+    }
     legacy = tmp_path / "legacy.txt"
     legacy.write_text("# header\nold\n")
     monkeypatch.setattr(pages, "LEGACY", legacy)
     assert pages.provenance_errors({"old": {"rows": []}, "new": full}) == []
-    errors = pages.provenance_errors(
-        {"old": {"rows": []}, "new": {k: v for k, v in full.items() if k != "load"}}
-    )
+    errors = pages.provenance_errors({"old": {"rows": []}, "new": {k: v for k, v in full.items() if k != "load"}})
     assert errors == ["benchmarks/results/new.json records no load: re-run its command"]
     errors = pages.provenance_errors({"old": full})  # re-run with provenance: it must leave the legacy list
     assert errors == ["benchmarks/results/old.json has full provenance now: remove it from legacy.txt"]
@@ -115,17 +114,22 @@ def test_check_refuses_a_results_file_without_provenance(tmp_path, monkeypatch, 
     monkeypatch.setattr(pages, "load_results", lambda: {"new": {"rows": []}})
     assert pages.check({}) == 1
     assert "new.json records no command, commit, date, device, load" in capsys.readouterr().err
-    assert (
-        "Commit: `abc`. Load average: 0.1 at the start, 0.2 at the end." in pages.provenance("new", full)[-1]
-    )
+    assert "Commit: `abc`. Load average: 0.1 at the start, 0.2 at the end." in pages.provenance("new", full)[-1]
 
 
 def test_check_applies_the_record_rules_to_files_written_as_records(tmp_path, monkeypatch, rp):
     pages = rp.pages
     monkeypatch.setattr(pages, "LEGACY", tmp_path / "legacy.txt")
     (tmp_path / "legacy.txt").write_text("# header\n")
-    record = {"record": 1, "benchmark": "x", "command": "python x.py", "commit": "abc", "date": "2026-12-05",
-              "device": "cpu", "load": {"start": 0.1, "end": 0.2}}  # fmt: skip
+    record = {
+        "record": 1,
+        "benchmark": "x",
+        "command": "python x.py",
+        "commit": "abc",
+        "date": "2026-12-05",
+        "device": "cpu",
+        "load": {"start": 0.1, "end": 0.2},
+    }
     good = {
         **record,
         "rows": [{"speedup": 2.0, "speedup_min": 1.9, "speedup_max": 2.1}, {"speedup": 3.0, "runs": 1}],
@@ -133,9 +137,7 @@ def test_check_applies_the_record_rules_to_files_written_as_records(tmp_path, mo
     assert pages.provenance_errors({"good": good}) == []
     bad = {**record, "rows": [{"name": "a", "cpu_speedup": 2.0}]}
     (error,) = pages.provenance_errors({"bad": bad})
-    assert error.startswith(
-        "benchmarks/results/bad.json: $.rows[0].cpu_speedup: a speed ratio needs its spread"
-    )
+    assert error.startswith("benchmarks/results/bad.json: $.rows[0].cpu_speedup: a speed ratio needs its spread")
 
 
 def test_every_results_file_has_a_described_section(rp):
@@ -197,9 +199,7 @@ def scanned_files() -> list[Path]:
         top = ROOT / name
         candidates = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
         files += [
-            p
-            for p in candidates
-            if p.is_file() and p.suffix in TEXT_SUFFIXES and not SKIPPED_DIRS & set(p.parts)
+            p for p in candidates if p.is_file() and p.suffix in TEXT_SUFFIXES and not SKIPPED_DIRS & set(p.parts)
         ]
     return files
 
@@ -244,9 +244,7 @@ def test_mkdocs_build_strict(tmp_path):
     }
     missing = [package for module, package in needed.items() if importlib.util.find_spec(module) is None]
     if missing:
-        pytest.skip(
-            f"the docs site is not built: {', '.join(missing)} not installed (pip install -e '.[docs]')"
-        )
+        pytest.skip(f"the docs site is not built: {', '.join(missing)} not installed (pip install -e '.[docs]')")
     proc = subprocess.run(
         [
             sys.executable,
@@ -265,9 +263,7 @@ def test_mkdocs_build_strict(tmp_path):
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert proc.returncode == 0, (
-        f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     site = tmp_path / "site"
     assert (site / "results" / "index.html").is_file()
 

@@ -105,7 +105,8 @@ def test_accelerator_on_cuda(pipes, variant, accelerator):
 @pytest.mark.parametrize("name", ["sd15", "sdxl", "dit-xl-2", "sd35-medium"])
 def test_full_size_model_is_finite_in_half_precision(name, dtype):
     """The random full-size layouts (output layer scaled down) give finite images at their native size."""
-    from fastdiff.zoo.full_size import LAYOUTS, make_full_pipeline
+    from fastdiff.zoo.full_size import make_full_pipeline
+    from fastdiff.zoo.full_size_layouts import LAYOUTS
 
     with torch.device("cuda"):
         pipe = make_full_pipeline(name, dtype=dtype)

@@ -37,10 +37,23 @@ def dry_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu") / "dry.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--dry-run", "--dtypes", "bf16", "--models", "sd15,dit-xl-2",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--dry-run",
+            "--dtypes",
+            "bf16",
+            "--models",
+            "sd15,dit-xl-2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list((ROOT / "benchmarks" / "results").glob("gpu_cpu*.json")), "a dry run wrote into results/"
     return strict_json(out.read_text())
@@ -72,13 +85,8 @@ def test_dry_run_writes_every_row_with_timing_and_quality(dry_run):
             assert row["quality"]["finite"] and row["quality"]["latent_rel_err"] is not None
             assert row["quality"]["identical"] or row["quality"]["psnr_db"] > 20
         assert rows["plain"]["quality"]["latent_rel_err"] == 0.0
-        if (
-            group["section"] == "tome" and group["side"] == 48
-        ):  # later groups copy the base denoiser: still acts
-            assert (
-                rows["tome"]["quality"]["latent_rel_err"] > 0
-                and rows["tomesd"]["quality"]["latent_rel_err"] > 0
-            )
+        if group["section"] == "tome" and group["side"] == 48:  # later groups copy the base denoiser: still acts
+            assert rows["tome"]["quality"]["latent_rel_err"] > 0 and rows["tomesd"]["quality"]["latent_rel_err"] > 0
         if group["section"] == "matrix":
             assert rows["raw"]["quality"]["identical"], "the wrapper changed the images"
             assert ("fp8+compile" in rows) == (group["dtype"] == "bf16")
@@ -110,17 +118,24 @@ def test_targets_from_groups():
         return {"name": name, "status": status, "seconds_median": seconds, "reason": "why"}
 
     matrix = {
-        "section": "matrix", "model": "sd15", "dtype": "bf16", "side": 512, "paired_plain_over_raw": [1.004, 1.008],
-        "configs": [row("raw", 1.0), row("plain", 1.0), row("compile", 0.4), row("compile+deepcache", 0.25),
-                    row("cfg-interval", 0.9), row("fp8+compile", None, "skipped")],
-    }  # fmt: skip
+        "section": "matrix",
+        "model": "sd15",
+        "dtype": "bf16",
+        "side": 512,
+        "paired_plain_over_raw": [1.004, 1.008],
+        "configs": [
+            row("raw", 1.0),
+            row("plain", 1.0),
+            row("compile", 0.4),
+            row("compile+deepcache", 0.25),
+            row("cfg-interval", 0.9),
+            row("fp8+compile", None, "skipped"),
+        ],
+    }
     found = {t["kind"]: t for t in gpu_targets.targets([matrix])}
     assert found["overhead"]["value"] == pytest.approx(0.6) and found["overhead"]["met"]
     assert found["compile"]["value"] == pytest.approx(2.5) and found["compile"]["met"]
-    assert (
-        found["compile+deepcache"]["value"] == pytest.approx(4.0)
-        and found["compile+deepcache"]["met"] is False
-    )
+    assert found["compile+deepcache"]["value"] == pytest.approx(4.0) and found["compile+deepcache"]["met"] is False
     assert found["cfg-interval"]["met"] is False
     assert found["fp8"]["value"] is None and found["fp8"]["skipped"] == "why"
     assert found["tome"]["skipped"] == "not in this run"

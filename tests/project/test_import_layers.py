@@ -18,9 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fastdiff"
 # top-level subpackage ("" is fastdiff/__init__.py itself) -> layer; a module imports only its layer or lower
 LAYERS = {
     "core": 0,
-    **dict.fromkeys(
-        ("cache", "compress", "distill", "guidance", "parallel", "schedulers", "train", "xla"), 1
-    ),
+    **dict.fromkeys(("cache", "compress", "distill", "guidance", "parallel", "schedulers", "train", "xla"), 1),
     "eval": 2,
     "zoo": 3,  # the reference models: builders, training, their evaluators (registered by entry point)
     "tune": 3,
@@ -64,9 +62,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            targets.update(
-                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names
-            )
+            targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
     resolved = set()
     for target in targets:
         while target and target not in known:  # fastdiff.zoo.tiny.make_pipeline -> fastdiff.zoo.tiny
@@ -135,9 +131,7 @@ def test_no_module_imports_a_higher_layer():
 def test_the_checks_catch_a_cycle_and_an_upward_import():
     edges = {"fastdiff.core.a": {"fastdiff.zoo.b"}, "fastdiff.zoo.b": {"fastdiff.core.a"}}
     assert find_cycles(edges) == [["fastdiff.core.a", "fastdiff.zoo.b", "fastdiff.core.a"]]
-    assert layer("fastdiff.zoo.b") > layer("fastdiff.core.a") and layer("fastdiff") < layer(
-        "fastdiff.cli.main"
-    )
+    assert layer("fastdiff.zoo.b") > layer("fastdiff.core.a") and layer("fastdiff") < layer("fastdiff.cli.main")
 
 
 def test_importing_the_package_gives_the_library_only():

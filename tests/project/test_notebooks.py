@@ -45,8 +45,12 @@ def _marks(name: str) -> list:
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in NAMES])
 def test_notebook_runs(name, tmp_path):
     book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    env = {"FASTDIFF_NOTEBOOK_FULL": "0", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "FASTDIFF_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    env = {
+        "FASTDIFF_NOTEBOOK_FULL": "0",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "FASTDIFF_CACHE": str(tmp_path / "cache"),
+    }
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:

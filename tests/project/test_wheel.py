@@ -29,12 +29,8 @@ VERSION = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text()
 
 
 def run(cmd: list, cwd: Path, env: dict | None = None) -> str:
-    done = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, (
-        f"{' '.join(map(str, cmd))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    )
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
 
@@ -97,10 +93,7 @@ def test_the_wheel_installs_and_runs(venv, tmp_path):
     probe = "import importlib.metadata as m, importlib.util as u; print(u.find_spec('fastdiff').origin, m.version('fastdiff-accel'))"
     origin, version = run([venv / "python", "-c", probe], cwd=outside, env=env(tmp_path)).split()
     assert Path(origin).is_relative_to(venv.parent) and version == VERSION, (origin, version)
-    assert (
-        run([venv / "fastdiff", "--version"], cwd=outside, env=env(tmp_path)).strip()
-        == f"fastdiff-accel {VERSION}"
-    )
+    assert run([venv / "fastdiff", "--version"], cwd=outside, env=env(tmp_path)).strip() == f"fastdiff-accel {VERSION}"
 
     # the library's wheel is small: the reference models are a distribution of their own, named when missing
     dist = venv.parent.parent / "dist"
@@ -109,16 +102,28 @@ def test_the_wheel_installs_and_runs(venv, tmp_path):
     assert library.stat().st_size < 2 * 1024 * 1024, f"{library.name}: {library.stat().st_size} bytes"
     missing = subprocess.run(
         [venv / "fastdiff", "zoo", "build", "digits", tmp_path / "none", "--size", "bench"],
-        cwd=outside, env=env(tmp_path), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert missing.returncode != 0 and 'pip install "fastdiff-accel[zoo]"' in missing.stderr, missing.stderr[
-        -2000:
-    ]
-    run(
-        [sys.executable, "-m", "pip", "--python", venv / "python", "install", "-q", "--no-deps", "--no-index",
-         references],
         cwd=outside,
-    )  # fmt: skip
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert missing.returncode != 0 and 'pip install "fastdiff-accel[zoo]"' in missing.stderr, missing.stderr[-2000:]
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            venv / "python",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            references,
+        ],
+        cwd=outside,
+    )
 
     # the shipped digits model from the references wheel: every file passes its size and sha256 check
     model = tmp_path / "digits"
@@ -132,9 +137,24 @@ def test_the_wheel_installs_and_runs(venv, tmp_path):
     # a short bench on it, quality included (the classifier and split shipped beside the model)
     out = tmp_path / "bench.json"
     run(
-        [venv / "fastdiff", "bench", model, "--config", "ddim2=scheduler(name=ddim,steps=2)", "--batch", "10",
-         "--runs", "1", "--no-warmup", "--threads", "1", "--json", out],
-        cwd=outside, env=env(tmp_path),
-    )  # fmt: skip
+        [
+            venv / "fastdiff",
+            "bench",
+            model,
+            "--config",
+            "ddim2=scheduler(name=ddim,steps=2)",
+            "--batch",
+            "10",
+            "--runs",
+            "1",
+            "--no-warmup",
+            "--threads",
+            "1",
+            "--json",
+            out,
+        ],
+        cwd=outside,
+        env=env(tmp_path),
+    )
     (row,) = json.loads(out.read_text())["configs"]
     assert row["denoiser_calls"] == 2 and 0 <= row["accuracy"] <= 1 and row["fd"] > 0

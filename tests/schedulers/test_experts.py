@@ -60,15 +60,25 @@ def test_mismatched_models_and_bad_values_are_refused(dirs, tmp_path):
     with pytest.raises(AcceleratorError, match="UNet2DConditionModel"):
         fp.accelerate(f"experts(models={dirs['sd']}|self,boundaries=0.5)")
     narrow = tmp_path / "narrow"
-    UNet2DModel(in_channels=1, out_channels=1, block_out_channels=(32, 64), sample_size=32,
-                down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                up_block_types=("AttnUpBlock2D", "UpBlock2D")).save_pretrained(narrow)  # fmt: skip
+    UNet2DModel(
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(32, 64),
+        sample_size=32,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+    ).save_pretrained(narrow)
     with pytest.raises(AcceleratorError, match="in_channels=1"):
         fp.accelerate(f"experts(models={narrow}|self,boundaries=0.5)")
     with pytest.raises(AcceleratorError, match="does not exist"):
         fp.accelerate(f"experts(models={tmp_path / 'missing'}|self,boundaries=0.5)")
-    for bad in ("models=self,boundaries=0.5", "models=self|self,boundaries=", "models=self|self,boundaries=1.5",
-                "models=self|self|self,boundaries=0.6|0.3", "models=self|self,boundaries=x"):  # fmt: skip
+    for bad in (
+        "models=self,boundaries=0.5",
+        "models=self|self,boundaries=",
+        "models=self|self,boundaries=1.5",
+        "models=self|self|self,boundaries=0.6|0.3",
+        "models=self|self,boundaries=x",
+    ):
         with pytest.raises(AcceleratorError, match="experts"):
             fp.accelerate(f"experts({bad})")
     assert fp.accelerators == ()

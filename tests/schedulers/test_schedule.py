@@ -153,9 +153,7 @@ def test_standard_spacings_start_at_t_max_and_match_the_ays_list():
         spacings = standard_spacings(scheduler, steps)
         assert {"trailing", "karras", "log-snr", "ays-sd", "ays-sdxl"} <= set(spacings)
         for ts in spacings.values():
-            assert (
-                len(ts) == steps and ts[0] == 999 and all(a > b for a, b in zip(ts, ts[1:])) and ts[-1] >= 0
-            )
+            assert len(ts) == steps and ts[0] == 999 and all(a > b for a, b in zip(ts, ts[1:])) and ts[-1] >= 0
     assert standard_spacings(scheduler, 10)["ays-sd"] == AysSchedules["StableDiffusionTimesteps"]
 
 
@@ -166,14 +164,27 @@ def test_cli_command_writes_the_schedule(tmp_path, capsys):
     cli.register(parser.add_subparsers(dest="command"))
     out = tmp_path / "s.json"
     args = parser.parse_args(
-        ["tune-schedule", str(model), "--sampler", "unipc", "--nfe", "3", "--out", str(out), "--seeds", "1",
-         "--batch", "8", "--max-evals", "30", "--quiet"]
-    )  # fmt: skip
+        [
+            "tune-schedule",
+            str(model),
+            "--sampler",
+            "unipc",
+            "--nfe",
+            "3",
+            "--out",
+            str(out),
+            "--seeds",
+            "1",
+            "--batch",
+            "8",
+            "--max-evals",
+            "30",
+            "--quiet",
+        ]
+    )
     args.func(args)
     schedule = TunedSchedule.load(out)
-    assert schedule.model_hash == model_hash(
-        gmm()
-    )  # the config hash survives save_pretrained/from_pretrained
+    assert schedule.model_hash == model_hash(gmm())  # the config hash survives save_pretrained/from_pretrained
     assert schedule.sampler == "unipc" and schedule.nfe == 3 and schedule.objective["evaluations"] <= 30
     assert "objective log" in capsys.readouterr().err
     fp = FastPipeline.from_pretrained(model, accelerators=f"scheduler(name=unipc);timesteps(path={out})")

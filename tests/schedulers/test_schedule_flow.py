@@ -83,9 +83,7 @@ def test_schedule_installs_exactly_the_tuned_sigmas_and_remove_restores(tmp_path
 
     def record(module, args, kwargs):
         scheduler = fp.pipe.scheduler
-        seen.append(
-            (scheduler.timesteps.clone(), scheduler.sigmas.clone(), args[1] if len(args) > 1 else None)
-        )
+        seen.append((scheduler.timesteps.clone(), scheduler.sigmas.clone(), args[1] if len(args) > 1 else None))
 
     hook = fp.denoiser.register_forward_pre_hook(record, with_kwargs=True)
     handle = fp.accelerate(f"scheduler(name={sampler});timesteps(path={path})")
@@ -192,9 +190,7 @@ def test_mismatches_are_refused(tmp_path, tuned):
 
 def test_pipelines_passing_their_own_sigmas_are_refused_unless_the_solver_takes_none(tmp_path, monkeypatch):
     facts = dataclasses.replace(PIPELINES["GMMFlowPipeline"], passes_sigmas="unless-flow-sigmas")
-    monkeypatch.setitem(
-        PIPELINES, "GMMFlowPipeline", facts
-    )  # as Flux: sigmas to FlowMatchEuler, none to UniPC
+    monkeypatch.setitem(PIPELINES, "GMMFlowPipeline", facts)  # as Flux: sigmas to FlowMatchEuler, none to UniPC
     fp = FastPipeline(flow_pipe())
     with pytest.raises(AcceleratorError, match="passes its own sigmas .*flow-dpm\\+\\+2m or flow-unipc"):
         fp.accelerate(f"scheduler(name=flow-euler);timesteps(path={hand_schedule(tmp_path, 'flow-euler')})")
@@ -215,15 +211,28 @@ def test_cli_tunes_a_flow_model(tmp_path, capsys):
     cli.register(parser.add_subparsers(dest="command"))
     out = tmp_path / "s.json"
     args = parser.parse_args(
-        ["tune-schedule", str(model), "--sampler", "flow-dpm++2m", "--nfe", "3", "--out", str(out), "--seeds",
-         "1", "--batch", "8", "--max-evals", "20", "--quiet"]
-    )  # fmt: skip
+        [
+            "tune-schedule",
+            str(model),
+            "--sampler",
+            "flow-dpm++2m",
+            "--nfe",
+            "3",
+            "--out",
+            str(out),
+            "--seeds",
+            "1",
+            "--batch",
+            "8",
+            "--max-evals",
+            "20",
+            "--quiet",
+        ]
+    )
     args.func(args)
     schedule = TunedSchedule.load(out)
     assert schedule.model_hash == model_hash(flow_pipe()) and schedule.sampler == "flow-dpm++2m"
     assert "exact flow ODE solve" in capsys.readouterr().err
-    fp = FastPipeline.from_pretrained(
-        model, accelerators=f"scheduler(name=flow-dpm++2m);timesteps(path={out})"
-    )
+    fp = FastPipeline.from_pretrained(model, accelerators=f"scheduler(name=flow-dpm++2m);timesteps(path={out})")
     assert fp(batch_size=2, output_type="pt").images.shape == (2, 1, 8, 8)
     assert fp.pipe.scheduler.timesteps.tolist() == schedule.timesteps

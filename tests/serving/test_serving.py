@@ -68,9 +68,7 @@ def png(b64: str) -> np.ndarray:
 
 async def post_many(url, bodies, headers=None):
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
-        return await asyncio.gather(
-            *(client.post(f"{url}/v1/generate", json=b, headers=headers) for b in bodies)
-        )
+        return await asyncio.gather(*(client.post(f"{url}/v1/generate", json=b, headers=headers) for b in bodies))
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +130,7 @@ def test_generate_auth_png_and_metrics(digits):
         assert httpx.get(f"{url}/metrics").status_code == 401
         assert httpx.get(f"{url}/healthz").json()["profiles"] == {"fast": FAST, "uni": UNI}
 
-        r = httpx.post(
-            f"{url}/v1/generate", json={"label": 7, "seed": 5, "count": 2, "profile": "uni"}, headers=auth
-        )
+        r = httpx.post(f"{url}/v1/generate", json={"label": 7, "seed": 5, "count": 2, "profile": "uni"}, headers=auth)
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["seeds"] == [5, 6] and body["profile"] == "uni" and body["spec"] == UNI
@@ -145,15 +141,9 @@ def test_generate_auth_png_and_metrics(digits):
 
         png_request = {"label": 7, "seed": 5, "profile": "uni"}
         r = httpx.post(f"{url}/v1/generate", json=png_request, headers={**auth, "Accept": "image/png"})
-        assert (
-            r.status_code == 200 and r.headers["content-type"] == "image/png" and r.headers["x-seed"] == "5"
-        )
-        assert np.array_equal(
-            np.asarray(Image.open(io.BytesIO(r.content))), images[0]
-        )  # same seed and profile
-        r = httpx.post(
-            f"{url}/v1/generate", json={"label": 7, "seed": 5}, headers=auth
-        )  # default profile: fast
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png" and r.headers["x-seed"] == "5"
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(r.content))), images[0])  # same seed and profile
+        r = httpx.post(f"{url}/v1/generate", json={"label": 7, "seed": 5}, headers=auth)  # default profile: fast
         assert r.json()["spec"] == FAST and not np.array_equal(png(r.json()["images"][0]), images[0])
 
         metrics = httpx.get(f"{url}/metrics", headers=auth).text
@@ -200,9 +190,7 @@ def test_validation_422_names_the_field(digits, tmp_path):
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "count"]
         r = httpx.post(f"{url}/v1/generate", content=b'{"label": 1, "pad": "' + b"x" * 20000 + b'"}')
         assert r.status_code == 413 and "16384" in r.json()["detail"]
-        assert (
-            httpx.post(f"{url}/v1/generate", json={"label": 1, "steps": 2}).status_code == 200
-        )  # still serving
+        assert httpx.post(f"{url}/v1/generate", json={"label": 1, "steps": 2}).status_code == 200  # still serving
 
 
 @pytest.mark.timeout(60)
@@ -228,10 +216,14 @@ def test_text_model_prompt_validation_and_batch_independence(tmp_path):
     model = build("tiny-sd", tmp_path / "tiny-sd", size="test")
     with running(model, {"a": "scheduler(name=dpm++2m,steps=4)"}, max_batch=8, max_wait_ms=300) as url:
         for body, field in (
-            ({"prompt": ""}, "prompt"), ({"prompt": "x" * 501}, "prompt"), ({"steps": 4}, "prompt"),
-            ({"prompt": "a", "width": 30}, "width"), ({"prompt": "a", "height": 2048}, "height"),
-            ({"prompt": "a", "label": 3}, "label"), ({"prompt": "a", "negative_prompt": "n" * 501}, "negative_prompt"),
-        ):  # fmt: skip
+            ({"prompt": ""}, "prompt"),
+            ({"prompt": "x" * 501}, "prompt"),
+            ({"steps": 4}, "prompt"),
+            ({"prompt": "a", "width": 30}, "width"),
+            ({"prompt": "a", "height": 2048}, "height"),
+            ({"prompt": "a", "label": 3}, "label"),
+            ({"prompt": "a", "negative_prompt": "n" * 501}, "negative_prompt"),
+        ):
             r = httpx.post(f"{url}/v1/generate", json=body)
             assert r.status_code == 422 and field in [e["loc"][-1] for e in r.json()["detail"]], (
                 body,

@@ -70,10 +70,11 @@ def text_requests(engine, count=1):
     # without exact_seeds (1/255 in 1 or 2 values each): the exact test below is not vacuous there.
     Request = engine.request_model()
     return [
-        Request(prompt=f"{SUBJECTS[i % 6]} {i}", seed=200 + i, count=count,
-                negative_prompt="blurry" if i % 2 else None)
+        Request(
+            prompt=f"{SUBJECTS[i % 6]} {i}", seed=200 + i, count=count, negative_prompt="blurry" if i % 2 else None
+        )
         for i in range(16, 24)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -118,9 +119,7 @@ def test_batched_without_exact_seeds_stays_within_one_level(text_model):
     # here: image 0 differs by 1/255 in 2 values).
     many = engine.request_model()(prompt="a white cat 16", seed=216, count=3)
     [together] = alone(engine, [many])
-    singles = [
-        alone(engine, [many.model_copy(update={"seed": s, "count": 1})])[0][0] for s in seeds_of([many])[0]
-    ]
+    singles = [alone(engine, [many.model_copy(update={"seed": s, "count": 1})])[0][0] for s in seeds_of([many])[0]]
     diff = np.stack([np.abs(a - b) for a, b in zip(together, singles, strict=True)])
     assert diff.max() <= 1 and (diff > 0).mean() <= 1e-3, (diff.max(), int((diff > 0).sum()))
 
@@ -148,13 +147,14 @@ def test_cli_and_ray_replica_pass_exact_seeds_to_the_engine(monkeypatch, tmp_pat
     from fastdiff.cli.main import build_parser
 
     made = {}
-    monkeypatch.setattr(
-        serving, "create_app", lambda engine, config: made.update(engine=engine, config=config)
-    )
+    monkeypatch.setattr(serving, "create_app", lambda engine, config: made.update(engine=engine, config=config))
     monkeypatch.setattr(serving, "serve", lambda app, **kw: None)
     model = str(install_digits(tmp_path / "digits"))
-    for flags, exact, wait in (([], False, 20.0), (["--exact-seeds"], True, 0.0),
-                               (["--exact-seeds", "--max-wait-ms", "5"], True, 5.0)):  # fmt: skip
+    for flags, exact, wait in (
+        ([], False, 20.0),
+        (["--exact-seeds"], True, 0.0),
+        (["--exact-seeds", "--max-wait-ms", "5"], True, 5.0),
+    ):
         args = build_parser().parse_args(["serve", model, "--threads", "1", *flags])
         args.func(args)
         assert made["engine"].exact_seeds is exact and made["config"].max_wait_ms == wait

@@ -22,9 +22,17 @@ SPECS = "scheduler(name=dpm++2m,steps=4);deepcache(interval=2);promptcache(size=
 
 def requests(count: int = 5) -> list[dict]:
     """Fresh requests (fresh generators): guided and unguided, one and two prompts, two images per prompt."""
-    return [{"prompt": [f"a red fox, take {i}"] * (1 + i % 2), "guidance_scale": 1.0 if i == 2 else 5.0,
-             "num_images_per_prompt": 2 if i == 3 else 1, "negative_prompt": ["blurry"] if i == 4 else None,
-             "output_type": "np", "generator": torch.Generator().manual_seed(i)} for i in range(count)]  # fmt: skip
+    return [
+        {
+            "prompt": [f"a red fox, take {i}"] * (1 + i % 2),
+            "guidance_scale": 1.0 if i == 2 else 5.0,
+            "num_images_per_prompt": 2 if i == 3 else 1,
+            "negative_prompt": ["blurry"] if i == 4 else None,
+            "output_type": "np",
+            "generator": torch.Generator().manual_seed(i),
+        }
+        for i in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +49,7 @@ def sequential(tiny_sd):
 
 
 def _gone(pids) -> bool:
-    return not [
-        p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-    ]
+    return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_the_stages_in_one_process_give_the_pipeline_call_bit_for_bit(tiny_sd, sequential):
@@ -55,8 +61,11 @@ def test_the_stages_in_one_process_give_the_pipeline_call_bit_for_bit(tiny_sd, s
             item = STAGE_FUNCTIONS[stage](fp, item)
         np.testing.assert_array_equal(item["images"], expected)
     routed = {str(c): stage_of(c) for c in fp.accelerators}
-    assert routed == {"deepcache(interval=2)": "denoise", "promptcache(size=4)": "text",
-                      "scheduler(name=dpm++2m,steps=4)": "denoise"}  # fmt: skip
+    assert routed == {
+        "deepcache(interval=2)": "denoise",
+        "promptcache(size=4)": "text",
+        "scheduler(name=dpm++2m,steps=4)": "denoise",
+    }
 
 
 @pytest.mark.timeout(120)

@@ -37,8 +37,19 @@ def _tiny_run(out, steps=8, stop_after=None, announce=None):
         if announce is not None:
             announce.put(step + 1)
 
-    train(net, loss_fn, steps, lr=1e-3, out_dir=out, save_every=1, accumulate=2, extra={"ema": ema},
-          after_step=after_step, progress=False, stop_after=stop_after)  # fmt: skip
+    train(
+        net,
+        loss_fn,
+        steps,
+        lr=1e-3,
+        out_dir=out,
+        save_every=1,
+        accumulate=2,
+        extra={"ema": ema},
+        after_step=after_step,
+        progress=False,
+        stop_after=stop_after,
+    )
     torch.save({"net": net.state_dict(), "ema": ema.state_dict()}, f"{out}/final.pt")
 
 

@@ -89,16 +89,19 @@ def test_default_spaces_load_and_enumerate():
 
 
 def test_conflicts_are_pruned_before_running():
-    space = load_space({"samplers": ["unipc"], "steps": [5], "axes": {
-        "a": ["", "deepcache(interval=3)"], "b": ["", "forecast(order=1,interval=2)"]}})  # fmt: skip
+    space = load_space(
+        {
+            "samplers": ["unipc"],
+            "steps": [5],
+            "axes": {"a": ["", "deepcache(interval=3)"], "b": ["", "forecast(order=1,interval=2)"]},
+        }
+    )
     candidates, pruned = space.candidates()
     assert not any("deepcache" in c and "forecast" in c for c in candidates)
     assert len(candidates) == 3 and sum(pruned.values()) == 1
     assert "deepcache + forecast" in next(iter(pruned))
     # two samplers in one candidate (a scheduler option on an axis) are pruned too
-    space = load_space(
-        {"samplers": ["unipc"], "steps": [5], "axes": {"x": ["", "scheduler(name=ddim,steps=4)"]}}
-    )
+    space = load_space({"samplers": ["unipc"], "steps": [5], "axes": {"x": ["", "scheduler(name=ddim,steps=4)"]}})
     assert space.candidates()[0] == ["scheduler(name=unipc,steps=5)"]
 
 
@@ -131,9 +134,17 @@ def test_bad_spaces_name_the_problem(space, problem):
 
 def test_space_file_and_models(tmp_path):
     path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump({
-        "samplers": ["unipc"], "steps": [5], "combine_models": False, "model_steps": [2, 4],
-        "models": [f"student(path={tmp_path}/not-trained-yet,steps={{steps}})"]}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "samplers": ["unipc"],
+                "steps": [5],
+                "combine_models": False,
+                "model_steps": [2, 4],
+                "models": [f"student(path={tmp_path}/not-trained-yet,steps={{steps}})"],
+            }
+        )
+    )
     space = load_space(path, baseline="ddim 50")
     assert space.baseline == "scheduler(name=ddim,steps=50)"
     assert [s["spec"] for s in space.skipped] == [
@@ -162,18 +173,25 @@ def test_rungs_and_pareto():
 
 
 def test_grid_search_finds_fastest_within_budget(digits, tmp_path):
-    space = dict(
-        SMALL, samplers=["unipc"], axes={"cache": ["", "deepcache(interval=3)"]}
-    )  # 4 candidates: grid
-    result = tune(digits, ["psnr>=20", "accuracy>=-5 points"], space=space, guidance=2.0,
-                  cache_dir=tmp_path / "cache", progress=False)  # fmt: skip
+    space = dict(SMALL, samplers=["unipc"], axes={"cache": ["", "deepcache(interval=3)"]})  # 4 candidates: grid
+    result = tune(
+        digits,
+        ["psnr>=20", "accuracy>=-5 points"],
+        space=space,
+        guidance=2.0,
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
     assert result["strategy"] == "grid" and result["rungs"] == [20]
     assert result["counts"]["measurements"] == 4 + 1  # candidates + baseline, each measured once
     best, base = result["best"], result["baseline"]
     assert best["within_budget"] and best["psnr"] >= 20 and best["accuracy"] >= base["accuracy"] - 0.05
     rows = [m for c in result["candidates"] for m in c["measurements"]]
-    faster_in_budget = [r for r in rows if r["cpu_seconds_median"] < best["seconds"] and r["psnr"] >= 20 and
-                        r["accuracy"] >= base["accuracy"] - 0.05]  # fmt: skip
+    faster_in_budget = [
+        r
+        for r in rows
+        if r["cpu_seconds_median"] < best["seconds"] and r["psnr"] >= 20 and r["accuracy"] >= base["accuracy"] - 0.05
+    ]
     assert not faster_in_budget
     assert any(r["spec"] == best["spec"] for r in result["frontier"])
     assert result["seeds"] == {"selection": 0, "report": 1} and result["selection"]["best"] == best
@@ -184,9 +202,7 @@ def test_grid_search_finds_fastest_within_budget(digits, tmp_path):
     remeasured = {base["spec"], best["spec"], *(r["spec"] for r in result["frontier"])}
     assert report["counts"] == {"measurements": len(remeasured), "cache_hits": 0} and report["complete"]
     fp = FastPipeline.from_pretrained(digits, accelerators=best["spec"])  # the answer is a loadable spec
-    assert [str(c) for c in fp.accelerators] == [s for s in best["spec"].split(";")] or best["spec"] == base[
-        "spec"
-    ]
+    assert [str(c) for c in fp.accelerators] == [s for s in best["spec"].split(";")] or best["spec"] == base["spec"]
 
 
 def test_successive_halving_and_resume(digits, tmp_path):
@@ -194,8 +210,7 @@ def test_successive_halving_and_resume(digits, tmp_path):
     first = tune(digits, ["accuracy>=-10 points"], **kwargs)
     assert first["strategy"] == "successive-halving" and first["rungs"] == [10, 20]
     per_rung = {
-        n: sum(any(m["images"] == n for m in c["measurements"]) for c in first["candidates"])
-        for n in (10, 20)
+        n: sum(any(m["images"] == n for m in c["measurements"]) for c in first["candidates"]) for n in (10, 20)
     }
     assert per_rung[10] == first["counts"]["candidates"] == 15 and per_rung[20] == 5  # ceil(15 / 3) survive
     assert first["best"]["within_budget"] and first["best"]["speedup"] > 1
@@ -216,8 +231,25 @@ def test_cli(digits, tmp_path, capsys):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(dict(SMALL, samplers=["unipc"], steps=[3], axes={})))
     out = tmp_path / "best.json"
-    main(["tune", str(digits), "--budget", "accuracy>=-5 points", "--space", str(space), "--guidance", "2",
-          "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet", "--report-seed", "5"])  # fmt: skip
+    main(
+        [
+            "tune",
+            str(digits),
+            "--budget",
+            "accuracy>=-5 points",
+            "--space",
+            str(space),
+            "--guidance",
+            "2",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--quiet",
+            "--report-seed",
+            "5",
+        ]
+    )
     result = json.loads(out.read_text())
     assert result["best"]["spec"] in ("scheduler(name=unipc,steps=3)", result["baseline"]["spec"])
     assert result["seeds"] == {"selection": 0, "report": 5}
@@ -229,8 +261,20 @@ def test_cli(digits, tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown metric 'acc'"):
         main(["tune", str(digits), "--budget", "acc>=1", "--out", str(out)])
     with pytest.raises(SystemExit, match="reports no 'ode_error'"):
-        main(["tune", str(digits), "--budget", "ode_error<=1.1x", "--space", str(space), "--out", str(out),
-              "--no-cache", "--quiet"])  # fmt: skip
+        main(
+            [
+                "tune",
+                str(digits),
+                "--budget",
+                "ode_error<=1.1x",
+                "--space",
+                str(space),
+                "--out",
+                str(out),
+                "--no-cache",
+                "--quiet",
+            ]
+        )
 
 
 def test_no_setting_meets_an_absolute_budget(digits, tmp_path):
@@ -238,8 +282,23 @@ def test_no_setting_meets_an_absolute_budget(digits, tmp_path):
     result = tune(digits, ["accuracy>=101%"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False)
     assert result["best"] is None and not result["baseline"]["within_budget"]
     with pytest.raises(SystemExit, match="no measured setting meets"):
-        main(["tune", str(digits), "--budget", "accuracy>=101%", "--space", str(_write(tmp_path, space)),
-              "--guidance", "2", "--out", str(tmp_path / "none.json"), "--cache", str(tmp_path), "--quiet"])  # fmt: skip
+        main(
+            [
+                "tune",
+                str(digits),
+                "--budget",
+                "accuracy>=101%",
+                "--space",
+                str(_write(tmp_path, space)),
+                "--guidance",
+                "2",
+                "--out",
+                str(tmp_path / "none.json"),
+                "--cache",
+                str(tmp_path),
+                "--quiet",
+            ]
+        )
 
 
 def _write(tmp_path, space):
@@ -254,9 +313,7 @@ def test_cache_is_per_baseline(digits, tmp_path):
     other = tune(
         digits, ["psnr>=10"], space=space, baseline="ddim 4", guidance=2.0, cache_dir=tmp_path, progress=False
     )
-    assert (
-        other["baseline"]["spec"] == "scheduler(name=ddim,steps=4)" and other["counts"]["measurements"] == 2
-    )
+    assert other["baseline"]["spec"] == "scheduler(name=ddim,steps=4)" and other["counts"]["measurements"] == 2
     psnr = [c["measurements"][0]["psnr"] for c in (first["candidates"][0], other["candidates"][0])]
     assert psnr[0] != psnr[1]  # the candidate's PSNR is against each baseline's own images
 
@@ -266,9 +323,7 @@ def test_backfill_when_no_survivor_holds(digits, tmp_path):
     # at 40 images "-1 point" vs a 100% baseline allows no miss; the fastest survivors of the 20-image screen
     # tend to miss one image, and then the next plausible candidates are measured in full until one holds
     space = dict(SMALL, steps=[4, 6, 10], settings={"images": 40, "rungs": [20, 40], "eta": 3})
-    result = tune(
-        digits, ["accuracy>=-1 point"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False
-    )
+    result = tune(digits, ["accuracy>=-1 point"], space=space, guidance=2.0, cache_dir=tmp_path, progress=False)
     full = [m for c in result["candidates"] for m in c["measurements"] if m["images"] == 40]
     assert result["baseline"]["accuracy"] == 1.0
     assert any(m["accuracy"] == 1.0 for m in full) and result["best"]["spec"] != result["baseline"]["spec"]
@@ -313,8 +368,9 @@ def test_report_figures_come_from_the_report_seed(digits, tmp_path):
     returns each seed's own rows) and give other figures (other initial noise, other digits)."""
     from fastdiff.tune.measure import Measurer
 
-    result = tune(digits, ["accuracy>=-20 points"], space=ONE, guidance=2.0, cache_dir=tmp_path, report_seed=2,
-                  progress=False)  # fmt: skip
+    result = tune(
+        digits, ["accuracy>=-20 points"], space=ONE, guidance=2.0, cache_dir=tmp_path, report_seed=2, progress=False
+    )
     selection, report = result["selection"], result["report"]
     assert (selection["seed"], report["seed"], report["images"]) == (0, 2, 10)
     assert report["best"]["spec"] == selection["best"]["spec"] == result["best"]["spec"]
@@ -329,9 +385,7 @@ def test_report_figures_come_from_the_report_seed(digits, tmp_path):
     assert again[2]["seed"] == 2 and not np.array_equal(m.references[0, 10], m.references[2, 10])
 
 
-def test_a_pick_that_misses_on_the_report_seed_is_reported_not_replaced(
-    digits, tmp_path, monkeypatch, capsys
-):
+def test_a_pick_that_misses_on_the_report_seed_is_reported_not_replaced(digits, tmp_path, monkeypatch, capsys):
     """Candidates lose 50 points of accuracy on the report seed (a stand-in for a pick that was lucky on the
     selection sample): the pick stays, its verdict on the report seed says it misses, the table says so."""
     from fastdiff.tune.measure import Measurer
@@ -340,16 +394,27 @@ def test_a_pick_that_misses_on_the_report_seed_is_reported_not_replaced(
 
     def worse_on_seed_1(self, spec, images, baseline=False, seed=None):
         row = measure(self, spec, images, baseline, seed)
-        return (
-            dict(row, accuracy=row["accuracy"] - 0.5)
-            if seed == 1 and "accuracy" in row and not baseline
-            else row
-        )
+        return dict(row, accuracy=row["accuracy"] - 0.5) if seed == 1 and "accuracy" in row and not baseline else row
 
     monkeypatch.setattr(Measurer, "measure", worse_on_seed_1)
     out = tmp_path / "best.json"
-    main(["tune", str(digits), "--budget", "accuracy>=-20 points", "--space", str(_write(tmp_path, ONE)),
-          "--guidance", "2", "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])  # fmt: skip
+    main(
+        [
+            "tune",
+            str(digits),
+            "--budget",
+            "accuracy>=-20 points",
+            "--space",
+            str(_write(tmp_path, ONE)),
+            "--guidance",
+            "2",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--quiet",
+        ]
+    )
     result = json.loads(out.read_text())
     pick, report = result["best"], result["report"]
     assert pick["spec"] == "scheduler(name=unipc,steps=3)" and pick["within_budget"]

@@ -172,9 +172,7 @@ def test_declared_accelerators_run_on_xla(models, specs, model):
 def test_every_declared_runner_is_checked():
     available()
     declared = {n for n, cls in REGISTRY.items() if cls.runs_on_xla is True}
-    assert declared == {parse(s)[0].spec_name for s, _ in RUNNERS}, (
-        "declare runs_on_xla with a check in RUNNERS"
-    )
+    assert declared == {parse(s)[0].spec_name for s, _ in RUNNERS}, "declare runs_on_xla with a check in RUNNERS"
     assert REGISTRY["scheduler"](name="dpm++2m").runs_on_xla
     assert not REGISTRY["scheduler"](name="dpm++sde").runs_on_xla
 
@@ -201,9 +199,19 @@ def test_tpu_infer_driver_reports_metrics(models, capsys):
     from fastdiff.cli.tpu import run
 
     args = Namespace(
-        model=str(models["digits"]), size="test", accel=SAMPLER, batch=2, steps=None, guidance=None,
-        bf16=False, warmup=1, runs=2, seed=0, device="xla", out=None,
-    )  # fmt: skip
+        model=str(models["digits"]),
+        size="test",
+        accel=SAMPLER,
+        batch=2,
+        steps=None,
+        guidance=None,
+        bf16=False,
+        warmup=1,
+        runs=2,
+        seed=0,
+        device="xla",
+        out=None,
+    )
     result = run(args)
     printed = capsys.readouterr().out
     assert "s/image" in printed and "compiles" in printed and "executions" in printed

@@ -15,7 +15,6 @@ import torch  # noqa: E402
 from fastdiff import zoo  # noqa: E402
 from fastdiff.core.models import find_denoiser  # noqa: E402
 from fastdiff.zoo.full_size import (  # noqa: E402
-    LAYOUTS,
     OUTPUT_SCALE,
     STAMP,
     build_full,
@@ -24,6 +23,7 @@ from fastdiff.zoo.full_size import (  # noqa: E402
     scale_output,
     write_pipeline,
 )
+from fastdiff.zoo.full_size_layouts import LAYOUTS  # noqa: E402
 from fastdiff.zoo.tiny import make_tiny_sd  # noqa: E402
 
 # Published sizes: SD 1.5 UNet 859.5M, SDXL UNet 2.567B (SDXL report), DiT-XL/2 675M (DiT paper, table 1),
@@ -90,10 +90,7 @@ def test_text_encoders_and_vae_have_the_published_sizes(name, layouts):
     tokenizer = getattr(pipe, "tokenizer", None)
     if tokenizer is not None:
         ids = tokenizer("a photo of a cat").input_ids
-        assert (
-            max(ids) < pipe.text_encoder.config.vocab_size
-            and ids[-1] == pipe.text_encoder.config.eos_token_id
-        )
+        assert max(ids) < pipe.text_encoder.config.vocab_size and ids[-1] == pipe.text_encoder.config.eos_token_id
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -120,9 +120,7 @@ def run_counted(pipe, scheduler, steps: int, batch: int, seed: int):
     calls = []
     handle = pipe.unet.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        images = pipe(
-            batch_size=batch, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed)
-        )
+        images = pipe(batch_size=batch, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed))
     finally:
         handle.remove()
         pipe.scheduler = default_scheduler()
@@ -185,9 +183,7 @@ def test_every_scheduler_runs(pipe, name):
 
 
 def test_output_types_latents_and_errors(pipe):
-    generator_images = pipe(
-        batch_size=3, num_inference_steps=4, generator=torch.Generator().manual_seed(7)
-    ).images
+    generator_images = pipe(batch_size=3, num_inference_steps=4, generator=torch.Generator().manual_seed(7)).images
     noise = initial_noise(pipe, 3, seed=7)
     as_tensor = pipe(batch_size=3, num_inference_steps=4, latents=noise, output_type="pt").images
     assert as_tensor.shape == (3, 1, 8, 8)

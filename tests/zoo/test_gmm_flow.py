@@ -198,9 +198,5 @@ def test_save_load_round_trip_offline(tmp_path, monkeypatch, pipe):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert not hasattr(diffusers, "GMMFlowPipeline")
     assert ZOO["gmm-flow"] == (build_gmm_flow, ("test", "bench"))
-    loaded = assert_gmm_round_trip(
-        pipe, build_gmm_flow, tmp_path / "gmm-flow", GMMFlowPipeline, GMMFlowDenoiser
-    )
-    assert (
-        isinstance(loaded.scheduler, FlowMatchEulerDiscreteScheduler) and loaded.scheduler.config.shift == 1.0
-    )
+    loaded = assert_gmm_round_trip(pipe, build_gmm_flow, tmp_path / "gmm-flow", GMMFlowPipeline, GMMFlowDenoiser)
+    assert isinstance(loaded.scheduler, FlowMatchEulerDiscreteScheduler) and loaded.scheduler.config.shift == 1.0

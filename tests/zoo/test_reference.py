@@ -67,9 +67,7 @@ def read_log(path) -> list[dict]:
 
 def sample(pipe, labels=(0, 1, 2), steps=4, seed=0, **kwargs) -> np.ndarray:
     generator = torch.Generator().manual_seed(seed)
-    return pipe(
-        list(labels), num_inference_steps=steps, generator=generator, output_type="np", **kwargs
-    ).images
+    return pipe(list(labels), num_inference_steps=steps, generator=generator, output_type="np", **kwargs).images
 
 
 def test_short_build_writes_pipeline_classifier_split_and_log(build_dir):
@@ -178,9 +176,7 @@ def test_round_trip_is_bit_identical(pipe, tmp_path):
     reloaded.set_progress_bar_config(disable=True)
     assert type(reloaded.scheduler) is DDIMScheduler and reloaded.scheduler.config.clip_sample is False
     for guidance in (1.0, 3.0):
-        np.testing.assert_array_equal(
-            sample(pipe, guidance_scale=guidance), sample(reloaded, guidance_scale=guidance)
-        )
+        np.testing.assert_array_equal(sample(pipe, guidance_scale=guidance), sample(reloaded, guidance_scale=guidance))
 
 
 def test_cfg_batches_uncond_then_cond_in_one_call(pipe):
@@ -215,9 +211,7 @@ def test_cfg_combines_branches_as_uncond_plus_scale_times_difference(pipe):
     torch.testing.assert_close(images, (expected / 2 + 0.5).clamp(0, 1), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("scheduler_cls", "options"), SCHEDULERS, ids=lambda v: getattr(v, "__name__", str(v))
-)
+@pytest.mark.parametrize(("scheduler_cls", "options"), SCHEDULERS, ids=lambda v: getattr(v, "__name__", str(v)))
 def test_every_scheduler_runs_and_is_seeded(pipe, build_dir, scheduler_cls, options):
     saved_config = DDPMScheduler.from_pretrained(build_dir, subfolder="scheduler").config
     pipe.scheduler = scheduler_cls.from_config(saved_config, **options)

@@ -46,12 +46,18 @@ def test_toy_build_reloads_as_an_sd3_pipeline_without_t5_and_generates_finite_di
     assert torch.equal(pipe.text_encoder.text_projection.weight, eye)
     assert torch.equal(pipe.text_encoder_2.text_projection.weight, eye)
     pipe.set_progress_bar_config(disable=True)
-    images = pipe(prompt=["a handwritten seven", "the digit 3"], num_inference_steps=2, guidance_scale=4.0,
-                  output_type="np", generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+    images = pipe(
+        prompt=["a handwritten seven", "the digit 3"],
+        num_inference_steps=2,
+        guidance_scale=4.0,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     assert images.shape == (2, 16, 16, 1) and np.isfinite(images).all()
     assert model_prompts(pipe) == bench_prompts()
-    scores = digits_sd_quality(pipe, {"prompt": ["a handwritten seven", "the digit 3"] * 5},
-                               np.concatenate([images] * 5))  # fmt: skip
+    scores = digits_sd_quality(
+        pipe, {"prompt": ["a handwritten seven", "the digit 3"] * 5}, np.concatenate([images] * 5)
+    )
     assert 0.0 <= scores["accuracy"] <= 1.0 and scores["fd"] > 0 and scores["fd_floor"] > 0
     report = json.loads((toy / "eval" / "report.json").read_text())
     assert report["kind"] == "digits-flow" and report["transformer"]["steps"] == 4
@@ -65,9 +71,7 @@ def test_bench_and_server_use_the_models_own_guidance(toy):
     from fastdiff.core.inputs import make_inputs
     from fastdiff.serving.engine import Engine
 
-    pipe = DiffusionPipeline.from_pretrained(
-        str(toy), **null_components(toy)
-    )  # not the shared one: hooks stay
+    pipe = DiffusionPipeline.from_pretrained(str(toy), **null_components(toy))  # not the shared one: hooks stay
     assert make_inputs(pipe, 2)["guidance_scale"] == DEFAULT_GUIDANCE != 7.0
     assert make_inputs(pipe, 2, guidance=1.5)["guidance_scale"] == 1.5
     assert Engine(FastPipeline(pipe), {}).default_guidance == DEFAULT_GUIDANCE
@@ -78,8 +82,9 @@ def test_training_context_is_the_pipelines_256_zero_tokens_exactly(pipe):
     prompts = ["a handwritten seven", ""]
     with torch.no_grad():
         full, _, pooled, _ = pipe.encode_prompt(prompts, None, None, do_classifier_free_guidance=False)
-        short, _, pooled_short, _ = pipe.encode_prompt(prompts, None, None, do_classifier_free_guidance=False,
-                                                       max_sequence_length=1)  # fmt: skip
+        short, _, pooled_short, _ = pipe.encode_prompt(
+            prompts, None, None, do_classifier_free_guidance=False, max_sequence_length=1
+        )
     assert full.shape[1] == 16 + MAX_SEQUENCE_LENGTH and torch.equal(full[:, :17], short)
     assert torch.equal(pooled, pooled_short) and not full[:, 16:].any()
     transformer = copy.deepcopy(pipe.transformer)
@@ -125,8 +130,13 @@ def test_shipped_digits_flow_installs_checked_draws_the_digits_asked_for_and_ref
     pipe = load_flow_pipeline(out)
     pipe.set_progress_bar_config(disable=True)
     prompts = bench_prompts()[:10] * 2
-    images = pipe(prompt=prompts, num_inference_steps=10, guidance_scale=DEFAULT_GUIDANCE, output_type="np",
-                  generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+    images = pipe(
+        prompt=prompts,
+        num_inference_steps=10,
+        guidance_scale=DEFAULT_GUIDANCE,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     scores = digits_sd_quality(pipe, {"prompt": prompts}, images)
     assert scores["accuracy"] >= 0.8, scores  # trained weights: the digit each prompt names
     weights = out / "transformer" / "diffusion_pytorch_model.safetensors"

@@ -48,8 +48,9 @@ def test_every_image_gets_every_template_naming_its_digit_and_its_strokes():
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    return build_reference_sd(tmp_path_factory.mktemp("digits-sd"), vae_steps=2, unet_steps=2, threads=1,
-                              progress=False)  # fmt: skip
+    return build_reference_sd(
+        tmp_path_factory.mktemp("digits-sd"), vae_steps=2, unet_steps=2, threads=1, progress=False
+    )
 
 
 def test_toy_build_is_a_stable_diffusion_pipeline_scored_by_bench(toy):
@@ -58,8 +59,9 @@ def test_toy_build_is_a_stable_diffusion_pipeline_scored_by_bench(toy):
     assert model_prompts(pipe) == bench_prompts()
     inputs = make_inputs(pipe, batch=12, guidance=5.0)
     assert inputs["prompt"][:10] == bench_prompts()[:10]
-    result = run_bench(toy, [("dpm 3", "scheduler(name=dpm++2m,steps=3)")], steps=None, runs=1, batch=20,
-                       guidance=5.0, warmup=False)  # fmt: skip
+    result = run_bench(
+        toy, [("dpm 3", "scheduler(name=dpm++2m,steps=3)")], steps=None, runs=1, batch=20, guidance=5.0, warmup=False
+    )
     row = result["configs"][0]
     assert 0.0 <= row["accuracy"] <= 1.0 and row["fd"] > 0 and row["fd_floor"] > 0
     report = json.loads((toy / "eval" / "report.json").read_text())
@@ -89,10 +91,7 @@ def test_shipped_digits_sd_installs_checked_and_refuses_damage(tmp_path):
     out = build("digits-sd", tmp_path / "ok", size="bench")
     assert is_installed(out, "digits-sd")
     pipe = StableDiffusionPipeline.from_pretrained(out)
-    assert (
-        pipe.tokenizer("a handwritten seven").input_ids[-2]
-        != pipe.tokenizer("a handwritten one").input_ids[-2]
-    )
+    assert pipe.tokenizer("a handwritten seven").input_ids[-2] != pipe.tokenizer("a handwritten one").input_ids[-2]
     damaged = tmp_path / "damaged"
     install(damaged, "digits-sd")
     weights = damaged / "unet" / "diffusion_pytorch_model.safetensors"

@@ -36,8 +36,9 @@ from fastdiff.zoo.shipped import (
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    return build_moving_digits(tmp_path_factory.mktemp("moving-digits"), vae_steps=2, steps=3, threads=1,
-                               progress=False, images=12)  # fmt: skip
+    return build_moving_digits(
+        tmp_path_factory.mktemp("moving-digits"), vae_steps=2, steps=3, threads=1, progress=False, images=12
+    )
 
 
 def test_clips_move_the_digit_edge_to_edge_and_the_metrics_read_real_clips():
@@ -120,14 +121,31 @@ def test_toy_build_reloads_as_a_wan_pipeline_generates_clips_and_is_scored(toy):
     assert isinstance(pipe, WanPipeline) and pipe.vae.config.scale_factor_temporal == 2
     pipe.set_progress_bar_config(disable=True)
     prompts = ["a handwritten seven moving left", "the digit 3 moving up"] * 2
-    frames = pipe(prompt=prompts, num_inference_steps=2, height=md.CANVAS, width=md.CANVAS, num_frames=md.FRAMES,
-                  output_type="np", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+    frames = pipe(
+        prompt=prompts,
+        num_inference_steps=2,
+        height=md.CANVAS,
+        width=md.CANVAS,
+        num_frames=md.FRAMES,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     assert frames.shape == (4, md.FRAMES, md.CANVAS, md.CANVAS, 3) and np.isfinite(frames).all()
     scores = quality_for(pipe)(pipe, {"prompt": prompts}, frames)
     assert set(scores) == {
-        "accuracy", "direction_accuracy", "fd", "fd_floor", "fd_floor_low", "fd_floor_high", "fd_floor_draws",
-        "fd_ratio", "fd_ratio_low", "fd_ratio_high", "temporal_change", "temporal_ratio",
-    }  # fmt: skip
+        "accuracy",
+        "direction_accuracy",
+        "fd",
+        "fd_floor",
+        "fd_floor_low",
+        "fd_floor_high",
+        "fd_floor_draws",
+        "fd_ratio",
+        "fd_ratio_low",
+        "fd_ratio_high",
+        "temporal_change",
+        "temporal_ratio",
+    }
     # the toy draws noise: its clips match neither digit nor direction, far above the like-for-like floor
     assert scores["fd_ratio_low"] > 1
     toy_ref = load_reference_eval(toy)
@@ -137,9 +155,7 @@ def test_toy_build_reloads_as_a_wan_pipeline_generates_clips_and_is_scored(toy):
     assert real_scores["accuracy"] == 1.0 and real_scores["direction_accuracy"] == 1.0
     assert real_scores["fd"] < scores["fd"] and real_scores["fd_ratio"] < scores["fd_ratio"]
     report = json.loads((toy / "eval" / "report.json").read_text())
-    assert (
-        report["kind"] == "moving-digits" and report["transformer"]["steps"] == 3 and report["images"] == 12
-    )
+    assert report["kind"] == "moving-digits" and report["transformer"]["steps"] == 3 and report["images"] == 12
     settings = json.loads((toy / "eval" / "prompts.json").read_text())
     assert settings["call"] == {"height": 32, "width": 32, "num_frames": 9}
 
@@ -173,8 +189,15 @@ def test_shipped_moving_digits_installs_checked_draws_what_is_asked_and_refuses_
     pipe = load_flow_pipeline(out)
     pipe.set_progress_bar_config(disable=True)
     prompts = md.bench_prompts()[::4]  # 20: every digit, every direction
-    frames = pipe(prompt=prompts, num_inference_steps=20, height=md.CANVAS, width=md.CANVAS, num_frames=md.FRAMES,
-                  output_type="np", generator=torch.Generator().manual_seed(0)).frames  # fmt: skip
+    frames = pipe(
+        prompt=prompts,
+        num_inference_steps=20,
+        height=md.CANVAS,
+        width=md.CANVAS,
+        num_frames=md.FRAMES,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     scores = quality_for(pipe)(pipe, {"prompt": prompts}, frames)
     assert scores["accuracy"] >= 0.7 and scores["direction_accuracy"] >= 0.7, scores
     weights = out / "transformer" / "diffusion_pytorch_model.safetensors"

@@ -88,9 +88,7 @@ def test_demo_uses_the_shipped_model_and_retrain_trains_the_bench_size(tmp_path,
     monkeypatch.setenv("FASTDIFF_CACHE", str(tmp_path))
     assert reference_model() == tmp_path / "digits-bench" and is_installed(tmp_path / "digits-bench")
     calls = []
-    monkeypatch.setattr(
-        reference, "build_reference", lambda out, **options: calls.append((out, options)) or out
-    )
+    monkeypatch.setattr(reference, "build_reference", lambda out, **options: calls.append((out, options)) or out)
     assert reference_model(retrain=True) == tmp_path / "digits-retrained"
     assert calls == [(tmp_path / "digits-retrained", reference.SIZES["bench"])]
     assert reference.SIZES["bench"]["steps"] == 3000

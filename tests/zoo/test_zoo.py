@@ -90,10 +90,7 @@ def test_tokenizer_round_trips_and_matches_text_encoders(saved, reloaded):
     assert ids[0] == tokenizer.bos_token_id and ids[-1] == tokenizer.eos_token_id
     assert len(ids) == len(PROMPT.split()) + 2, "every common word is one token"
     assert tokenizer.decode(ids, skip_special_tokens=True) == PROMPT
-    assert (
-        tokenizer.decode(tokenizer("Zqx 42 waffles!").input_ids, skip_special_tokens=True)
-        == "zqx 4 2 waffles !"
-    )
+    assert tokenizer.decode(tokenizer("Zqx 42 waffles!").input_ids, skip_special_tokens=True) == "zqx 4 2 waffles !"
     assert tokenizer.model_max_length == 77
 
     sd, sdxl = saved["tiny-sd"][0], saved["tiny-sdxl"][0]
@@ -156,7 +153,12 @@ def test_class_conditional_pipeline_passes_latents_to_the_step_callback(tmp_path
         seen.append(tensors["latents"].shape)
         return {"latents": torch.zeros_like(tensors["latents"])} if step == 1 else {}
 
-    out = pipe([3, 7], num_inference_steps=2, output_type="np", callback_on_step_end=callback,
-               callback_on_step_end_tensor_inputs=["latents"])  # fmt: skip
+    out = pipe(
+        [3, 7],
+        num_inference_steps=2,
+        output_type="np",
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["latents"],
+    )
     assert len(seen) == 2 and seen[0][0] == 2
     np.testing.assert_allclose(out.images, 0.5, atol=1e-6)  # zero latents decode to mid-grey

@@ -22,17 +22,28 @@ MODELS = list(FLOW_MAKERS)
 PROMPT = "a photo of a cat riding a horse on mars"
 # Each pipeline's way of classifier-free guidance, on at its default scale unless turned off here.
 NO_GUIDANCE = {
-    "tiny-flux": {}, "tiny-flux-schnell": {}, "tiny-flux2": {},  # guidance-distilled / no CFG
-    "tiny-flux2-klein": dict(guidance_scale=1.0), "tiny-sd3": dict(guidance_scale=1.0),
-    "tiny-sana": dict(guidance_scale=1.0), "tiny-pixart-sigma": dict(guidance_scale=1.0),
-    "tiny-qwen-image": dict(true_cfg_scale=1.0), "tiny-zimage": dict(guidance_scale=1.0),
-}  # fmt: skip
+    "tiny-flux": {},
+    "tiny-flux-schnell": {},
+    "tiny-flux2": {},  # guidance-distilled / no CFG
+    "tiny-flux2-klein": dict(guidance_scale=1.0),
+    "tiny-sd3": dict(guidance_scale=1.0),
+    "tiny-sana": dict(guidance_scale=1.0),
+    "tiny-pixart-sigma": dict(guidance_scale=1.0),
+    "tiny-qwen-image": dict(true_cfg_scale=1.0),
+    "tiny-zimage": dict(guidance_scale=1.0),
+}
 
 
 def generate(pipe, name: str, seed: int = 0, **kwargs) -> np.ndarray:
     """Two steps at 32px with a seeded generator and the pipeline's default guidance."""
-    kwargs = dict(num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(seed),
-                  height=32, width=32, **kwargs)  # fmt: skip
+    kwargs = dict(
+        num_inference_steps=2,
+        output_type="np",
+        generator=torch.Generator().manual_seed(seed),
+        height=32,
+        width=32,
+        **kwargs,
+    )
     if name in ("tiny-sana", "tiny-pixart-sigma"):
         kwargs.update(use_resolution_binning=False, clean_caption=False)
     if name == "tiny-qwen-image" and "true_cfg_scale" not in kwargs:
@@ -60,8 +71,7 @@ def test_reloaded_pipeline_generates_the_same_images(name, saved, outputs):
     assert type(reloaded) is type(in_memory)
     assert type(reloaded.scheduler) is type(in_memory.scheduler)
     public = [
-        {k: v for k, v in s.config.items() if not k.startswith("_")}
-        for s in (reloaded.scheduler, in_memory.scheduler)
+        {k: v for k, v in s.config.items() if not k.startswith("_")} for s in (reloaded.scheduler, in_memory.scheduler)
     ]
     assert public[0] == public[1]
 
@@ -94,11 +104,7 @@ def test_families_keep_their_schedulers(saved):
     assert not schnell.use_dynamic_shifting and schnell.shift == 1.0
     assert saved["tiny-sd3"][0].scheduler.config.shift == 3.0
     qwen = saved["tiny-qwen-image"][0].scheduler.config
-    assert (
-        qwen.time_shift_type == "exponential"
-        and qwen.max_image_seq_len == 8192
-        and qwen.shift_terminal == 0.02
-    )
+    assert qwen.time_shift_type == "exponential" and qwen.max_image_seq_len == 8192 and qwen.shift_terminal == 0.02
     for name in ("tiny-flux", "tiny-flux2", "tiny-flux2-klein", "tiny-sd3", "tiny-qwen-image", "tiny-zimage"):
         assert isinstance(saved[name][0].scheduler, FlowMatchEulerDiscreteScheduler)
     sana, pixart = saved["tiny-sana"][0].scheduler, saved["tiny-pixart-sigma"][0].scheduler
@@ -120,10 +126,7 @@ def test_tokenizers_round_trip(make, tmp_path):
     assert words <= len(ids) <= words + 2, "every common word is one token (plus bos / eos)"
     assert tokenizer.decode(ids, skip_special_tokens=True) == PROMPT
     odd = "Zqx 42 waffles!"
-    assert (
-        tokenizer.decode(tokenizer(odd).input_ids, skip_special_tokens=True).replace(" ", "")
-        == "Zqx42waffles!"
-    )
+    assert tokenizer.decode(tokenizer(odd).input_ids, skip_special_tokens=True).replace(" ", "") == "Zqx42waffles!"
     tokenizer.save_pretrained(tmp_path)
     reloaded = type(tokenizer).from_pretrained(tmp_path)
     assert reloaded(PROMPT).input_ids == ids and len(reloaded) == len(tokenizer)
@@ -132,9 +135,7 @@ def test_tokenizers_round_trip(make, tmp_path):
 def test_chat_templates_and_qwen_image_prefix():
     qwen = te.make_qwen_tokenizer(vision=True)
     messages = [{"role": "user", "content": "a cat"}]
-    text = qwen.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
-    )
+    text = qwen.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert text == "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     pipe_template = "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n"  # noqa: E501
     assert len(qwen(pipe_template).input_ids) == 34, "QwenImagePipeline drops exactly 34 template tokens"
@@ -248,9 +249,7 @@ def test_separate_call_guidance_is_known_before_the_call(saved):
     for name, calls in cases.items():
         fp = FastPipeline(saved[name][0])
         for extra in calls:
-            kwargs = dict(
-                prompt=PROMPT, num_inference_steps=2, output_type="np", height=32, width=32, **extra
-            )
+            kwargs = dict(prompt=PROMPT, num_inference_steps=2, output_type="np", height=32, width=32, **extra)
             fp(**kwargs)
             separate = fp.context.denoiser_calls == 4
             assert separate_cfg(fp.pipe, kwargs) == separate, (name, extra)
