@@ -15,6 +15,10 @@ hooks add per step show directly in the step time. Two measurements, one torch t
    difference between a 16- and an 8-step call, divided by 8, so per-call work drops out; median of the
    repeats, with min and max.
 
+3. **Peer**: diffusers' own First Block Cache (``FirstBlockCacheConfig``) on tiny-flux, under the same wrapper, its
+   hooks clocked the same way, beside fastdiff's ``blockcache(mode=first-block)`` on the same model (both rows
+   include the wrapper's step-context hook): what the algorithm costs when diffusers runs it.
+
 Targets: <= 20 us per step with no accelerator, <= 100 us for hook-based accelerators.
 
     python benchmarks/host_cost.py --pairs 15 --repeats 5 --json benchmarks/results/host_cost.json
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook
 
 from fastdiff import FastPipeline
 from fastdiff.core.hooks import GatedHook
@@ -52,9 +56,13 @@ SD3_SPECS = [
     "blockcache(mode=teacache,threshold=0.3)",
     "forecast(order=1,interval=2,warmup=2)",
 ]
+# diffusers' own First Block Cache beside fastdiff's, on Flux (SD3's transformer has no enable_cache in diffusers)
+PEERS = {"diffusers FirstBlockCacheConfig(threshold=0.1)": lambda: FirstBlockCacheConfig(threshold=0.1)}
+FLUX_SPECS = ["none", "blockcache(mode=first-block,threshold=0.1)", *PEERS]
 CALLS = {
     "tiny-sd": {"prompt": ["a cat", "a dog"], "output_type": "latent"},
     "tiny-sd3": {"prompt": ["a cat", "a dog"], "output_type": "latent", "height": 32, "width": 32},
+    "tiny-flux": {"prompt": ["a cat", "a dog"], "output_type": "latent", "height": 32, "width": 32},
 }
 
 
@@ -134,12 +142,14 @@ class HookClock:
     def own(self, forward, *args, **kwargs):
         return self._timed(forward, args, kwargs)[0]
 
-    def attach(self, root: torch.nn.Module) -> int:
-        """Clock every module of ``root`` that carries a fastdiff hook; returns how many."""
+    def attach(self, root: torch.nn.Module, peer: str | None = None) -> int:
+        """Clock every module of ``root`` that carries a fastdiff hook (or a hook named ``peer*``: diffusers' own
+        hooks, for the peer rows); returns how many."""
         count = 0
         for module in root.modules():
             registry = getattr(module, "_diffusers_hook", None)
-            if registry is None or not any(isinstance(h, GatedHook) for h in registry.hooks.values()):
+            hooks = registry.hooks.items() if registry is not None else ()
+            if not any(isinstance(h, GatedHook) or (peer and name.startswith(peer)) for name, h in hooks):
                 continue
             innermost = registry._fn_refs[0]
             slot = "original_forward" if innermost.original_forward is not None else "forward"
@@ -153,11 +163,15 @@ def accelerator_cost(model: str, spec: str, repeats: int) -> dict:
     from fastdiff.zoo.tiny_flow import make_flow_pipeline
 
     torch.manual_seed(0)
-    pipe = make_flow_pipeline(model) if model == "tiny-sd3" else make_pipeline(model, "test")
+    pipe = make_pipeline(model, "test") if model == "tiny-sd" else make_flow_pipeline(model)
     pipe.set_progress_bar_config(disable=True)
-    fp = FastPipeline(pipe, accelerators=None if spec == "none" else spec)
+    peer = spec in PEERS
+    fp = FastPipeline(pipe, accelerators=None if spec == "none" or peer else spec)
+    if peer:  # diffusers' own implementation, under the same wrapper (its step-context hook included)
+        pipe.transformer.enable_cache(PEERS[spec]())
     clock = HookClock()
-    modules = sum(clock.attach(m) for m in pipe.components.values() if isinstance(m, torch.nn.Module))
+    components = [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]
+    modules = sum(clock.attach(m, peer="fbc_" if peer else None) for m in components)
     fp(**CALLS[model], num_inference_steps=8)  # warm-up
 
     def hook_seconds(steps: int) -> float:
@@ -191,12 +205,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{identity['added_us_per_call']:+.0f} us per call"
     )
     rows = []
-    for model, specs in (("tiny-sd", UNET_SPECS), ("tiny-sd3", SD3_SPECS)):
+    for model, specs in (("tiny-sd", UNET_SPECS), ("tiny-sd3", SD3_SPECS), ("tiny-flux", FLUX_SPECS)):
         for spec in specs:
             rows.append(accelerator_cost(model, spec, args.repeats))
             r = rows[-1]
             print(
-                f"{model:9s} {spec:48s} {r['us_per_step']:7.1f} us per step in fastdiff's hooks "
+                f"{model:9s} {spec:48s} {r['us_per_step']:7.1f} us per step in hooks "
                 f"({r['us_per_step_min']:.1f}-{r['us_per_step_max']:.1f}, {r['hooked_modules']} modules)"
             )
     if args.json:

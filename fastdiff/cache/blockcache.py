@@ -229,8 +229,8 @@ class BlockCache(Accelerator):
         targets: list[tuple[torch.nn.Module, ModelHook]] = []
         if self.mode != "interval":
             if self.mode == "teacache":
-                modulation_of(blocks[0])
-                head = TeaHead(state, block_io(blocks[0]), load_rescaling(self.fit, model))
+                facts = modulation_of(blocks[0])
+                head = TeaHead(state, block_io(blocks[0]), load_rescaling(self.fit, model), facts)
             else:
                 head = _Head(state, block_io(blocks[0]))
             targets.append((blocks[0], head))

@@ -49,8 +49,9 @@ def modulation_of(block) -> tuple[str, ...]:
     return found
 
 
-def modulated_input(block, io, args, kwargs) -> torch.Tensor:
-    norm_name, emb_name, *table = modulation_of(block)
+def modulated_input(block, io, args, kwargs, facts: tuple[str, ...] | None = None) -> torch.Tensor:
+    """The first block's adaLN-modulated input; ``facts``: its ``modulation_of`` (looked up when not given)."""
+    norm_name, emb_name, *table = facts or modulation_of(block)
     emb = block_argument(io, emb_name, args, kwargs)
     hidden = hidden_in(io, args, kwargs)
     if not table:
@@ -115,22 +116,29 @@ def load_rescaling(path: str | None, model) -> np.poly1d:
 class TeaHead(ModelHook):
     """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold."""
 
-    def __init__(self, state, io, rescale: np.poly1d):
+    def __init__(self, state, io, rescale: np.poly1d, facts: tuple[str, ...]):
         super().__init__()
-        self.state, self.io, self.rescale = state, io, rescale
+        self.state, self.io, self.facts = state, io, facts
+        self.coefficients = [float(c) for c in rescale.coeffs]  # evaluated as np.polyval does, without numpy
+
+    def rescaled(self, change: float) -> float:
+        total = 0.0
+        for c in self.coefficients:  # Horner's rule, as np.polyval (same float64 operations, same result)
+            total = total * change + c
+        return total
 
     def new_forward(self, module, *args, **kwargs):
         st, ctx, io = self.state, self.state.context, self.io
         # per-branch state, cleared every call by blockcache's controller
         branches, saved = st.branches, st.saved
-        modulated = modulated_input(module, io, args, kwargs)
+        modulated = modulated_input(module, io, args, kwargs, self.facts)
         edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1
         inputs, tail = saved.store("modulated"), saved.store("tail")
         st.skip = False
         chunk = modulated.shape[0] // len(branches)
         if not edge and inputs.has(branches, chunk=chunk) and tail.has(branches):
             so_far = max(saved.value("accumulated", b, 0.0) for b in branches)
-            total = so_far + float(self.rescale(relative_change(modulated, inputs.get(branches))))
+            total = so_far + self.rescaled(relative_change(modulated, inputs.get(branches)))
             st.skip = total < st.threshold
             st.skipped += st.skip
             saved.set("accumulated", branches, total if st.skip else 0.0)

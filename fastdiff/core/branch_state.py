@@ -112,7 +112,10 @@ class BranchState:
         self.values: dict[tuple[str, str], object] = {}  # (name, branch) -> value
 
     def store(self, name: str) -> BranchStore:
-        return self.stores.setdefault(name, BranchStore(self.keep))
+        found = self.stores.get(name)  # not setdefault: that builds a store on every read (host time per step)
+        if found is None:
+            found = self.stores[name] = BranchStore(self.keep)
+        return found
 
     def value(self, name: str, branch: str, default=None):
         return self.values.get((name, branch), default)
