@@ -69,11 +69,19 @@ def check_load(max_load: float | None, own_threads: int = 0, load: float | None 
 def command_line() -> str:
     """The command that started this process, as typed (``python -m ...`` or the console script's name)."""
     argv = list(getattr(sys, "orig_argv", sys.argv))
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python") and _console_script(argv[1]):
+        argv = argv[1:]  # python /venv/bin/fastdiff ...: the console script, as typed
     if argv and Path(argv[0]).name.startswith("python"):
         argv[0] = "python"
     elif argv:
         argv[0] = Path(argv[0]).name
     return shlex.join(argv)
+
+
+def _console_script(path: str) -> bool:
+    """``path`` is an installed console script (a file in a ``bin`` or ``Scripts`` folder, not a ``.py`` file)."""
+    file = Path(path)
+    return file.suffix != ".py" and file.parent.name in ("bin", "Scripts") and file.is_file()
 
 
 def git_commit(directory: str | Path | None = None) -> str:

@@ -75,3 +75,15 @@ def test_every_benchmark_script_writes_results_records():
     assert offenders == {}, f"write results with fastdiff.eval.record.write_record: {offenders}"
     for writer in ("fastdiff/eval/bench.py", "fastdiff/cli/tune.py"):
         assert "write_record(" in (ROOT / writer).read_text()
+
+
+def test_the_command_of_a_console_script_reads_as_typed(monkeypatch, tmp_path):
+    from fastdiff.eval import provenance
+
+    script = tmp_path / "bin" / "fastdiff"
+    script.parent.mkdir()
+    script.write_text("#!/usr/bin/env python\n")
+    monkeypatch.setattr("sys.orig_argv", ["/venv/bin/python3", str(script), "bench", "tiny-sd"], raising=False)
+    assert provenance.command_line() == "fastdiff bench tiny-sd"
+    monkeypatch.setattr("sys.orig_argv", ["/venv/bin/python", "benchmarks/x.py", "--runs", "3"], raising=False)
+    assert provenance.command_line() == "python benchmarks/x.py --runs 3"
