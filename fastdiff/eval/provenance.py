@@ -85,14 +85,24 @@ def _console_script(path: str) -> bool:
 
 
 def git_commit(directory: str | Path | None = None) -> str:
-    """HEAD of the checkout holding this package (``-dirty`` when tracked files differ); "unknown" outside git."""
+    """HEAD of the checkout holding this package (``-dirty`` when tracked files other than the results under
+    ``benchmarks/results`` differ: a run that rewrites an earlier run's results file still ran clean code);
+    "unknown" outside git."""
     where = str(directory or Path(__file__).resolve().parent)
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(exclude,top)benchmarks/results",
+            ],
             cwd=where,
             capture_output=True,
             text=True,

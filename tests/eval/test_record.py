@@ -87,3 +87,23 @@ def test_the_command_of_a_console_script_reads_as_typed(monkeypatch, tmp_path):
     assert provenance.command_line() == "fastdiff bench tiny-sd"
     monkeypatch.setattr("sys.orig_argv", ["/venv/bin/python", "benchmarks/x.py", "--runs", "3"], raising=False)
     assert provenance.command_line() == "python benchmarks/x.py --runs 3"
+
+
+def test_a_rewritten_results_file_does_not_make_the_commit_dirty(tmp_path):
+    import subprocess
+
+    from fastdiff.eval.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"a": 1}')
+    assert not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path).endswith("-dirty")
