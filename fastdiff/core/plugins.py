@@ -47,12 +47,20 @@ def _pyproject_entries(text: str, group: str) -> list[str]:
     return sorted(set(modules))
 
 
+# Groups already imported: reading every distribution's metadata costs ~17 ms, and the registry asks on every lookup
+_LOADED: dict[tuple[str, bool], list[str]] = {}
+
+
 def load_plugins(group: str, packages: bool = False) -> list[str]:
-    """Import ``group``'s modules (with ``packages``: every module of each package); return their names."""
+    """Import ``group``'s modules (with ``packages``: every module of each package) once; return their names."""
+    key = (group, packages)
+    if key in _LOADED:
+        return list(_LOADED[key])
     names = plugin_modules(group)
     for name in names:
         module = importlib.import_module(name)
         if packages:
             for info in pkgutil.iter_modules(module.__path__):
                 importlib.import_module(f"{name}.{info.name}")
-    return names
+    _LOADED[key] = names
+    return list(names)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastdiff.eval.fd_spread import _fd
+from fastdiff.eval.fd_spread import FixedReference, _fd
 
 FLOOR_DRAWS = 5  # independent like-for-like draws of real items per floor
 RATIO_RESAMPLES = 200  # paired bootstrap resamples for the ratio's interval
@@ -87,10 +87,10 @@ def ratio_to_floor(
     fd_gen = _fd(_flat(gen), mean, cov)
     floors = [_fd(_flat(d), mean, cov) for d in draws]
     picks = np.random.default_rng(seed).integers(0, len(gen), size=(resamples, len(gen)))
+    fixed = FixedReference(mean, cov)
     ratios = np.array(
         [
-            _fd(_flat(gen[torch.as_tensor(p)]), mean, cov)
-            / _fd(_flat(draws[r % len(draws)][torch.as_tensor(p)]), mean, cov)
+            fixed.fd(_flat(gen[torch.as_tensor(p)])) / fixed.fd(_flat(draws[r % len(draws)][torch.as_tensor(p)]))
             for r, p in enumerate(picks)
         ]
     )

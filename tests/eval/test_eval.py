@@ -14,7 +14,7 @@ from diffusers import DDPMScheduler
 from fastdiff import load_pipeline
 from fastdiff.eval import QUALITY, quality_for
 from fastdiff.eval.classifier import PenultimateFeatures, save_classifier, train_classifier
-from fastdiff.eval.fd_spread import difference_interval, paired_fd_bootstrap
+from fastdiff.eval.fd_spread import FixedReference, _fd, difference_interval, paired_fd_bootstrap
 from fastdiff.eval.fidelity import psnr, ssim
 from fastdiff.eval.floor import draw_rng, matched_draw
 from fastdiff.eval.quality import (
@@ -190,6 +190,17 @@ def test_fidelity_rejects_mismatched_shapes():
         psnr(np.zeros((2, 16, 16, 1)), np.zeros((3, 16, 16, 1)))
     with pytest.raises(ValueError, match="must be"):
         ssim(np.zeros((16,)), np.zeros((16,)))
+
+
+@pytest.mark.parametrize("items", [3, 40, 300])  # fewer, about as many and more rows than feature dimensions
+def test_fixed_reference_fd_is_torchmetrics_formula(items):
+    gen = torch.Generator().manual_seed(items)
+    real = torch.randn(2000, 48, generator=gen, dtype=torch.float64) @ torch.randn(48, 48, generator=gen).double()
+    fake = torch.randn(items, 48, generator=gen, dtype=torch.float64) @ torch.randn(48, 48, generator=gen).double()
+    mean, cov = real.mean(0), torch.cov(real.T)
+    assert FixedReference(mean, cov).fd(fake + 0.5) == pytest.approx(_fd(fake + 0.5, mean, cov), rel=1e-6)
+    with pytest.raises(ValueError, match="at least 2"):
+        FixedReference(mean, cov).fd(fake[:1])
 
 
 def test_paired_fd_bootstrap_spread_and_difference_interval(split, classifier):
