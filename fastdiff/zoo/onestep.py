@@ -13,8 +13,8 @@
   (progressive flow Euler 16 -> 1, then 600 DMD updates with the regression loss at 0.5 and EMA weights); its
   figures: ``benchmarks/results/onestep_flow_quality.json`` and ``onestep_flow_speed.json``.
 
-``test`` trains a small one here in about a minute (2 progressive updates from 2 steps to 1, then 4 DMD updates,
-batch 8): it runs, it is not good. Use a student on its teacher::
+``test`` trains a small one here in under a minute (2 progressive updates from 2 steps to 1, then 2 DMD updates,
+batch 4): it runs, it is not good. Use a student on its teacher::
 
     fastdiff zoo build digits T --size bench
     fastdiff zoo build digits-onestep S --size bench
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fastdiff.zoo.registry import register_model
 
-SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 4, "batch": 8}, "bench": {}}
+SIZES = {"test": {"progressive_steps": 2, "dmd_steps": 2, "batch": 4}, "bench": {}}
 
 
 def train_onestep(

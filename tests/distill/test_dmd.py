@@ -35,6 +35,12 @@ def teacher(tmp_path_factory):
     return path, root / "prog" / "steps-1"
 
 
+@pytest.fixture(scope="module")
+def flow_teacher(tmp_path_factory):
+    """A test-size digits-flow, trained once for this file (~12 s): the tests only read it."""
+    return build("digits-flow", tmp_path_factory.mktemp("dmd-flow") / "digits-flow", size="test")
+
+
 def _weights(directory):
     fp = load_student(directory)
     return {k: v.clone() for k, v in fp.denoiser.state_dict().items()}
@@ -235,10 +241,10 @@ def test_the_validation_rule_keeps_counts_near_the_best_and_old_students_their_d
     check_validated("student", "/s", info, 4, unvalidated=False)
 
 
-def test_a_flow_teacher_gives_a_one_step_flow_student(tmp_path):
+def test_a_flow_teacher_gives_a_one_step_flow_student(flow_teacher, tmp_path):
     from fastdiff import FastPipeline
 
-    teacher = build("digits-flow", tmp_path / "digits-flow", size="test")
+    teacher = flow_teacher
     # regression to the teacher's own flow-Euler samples: the pairs are its 2-step ODE samples of their noises
     reg = dmd(teacher, tmp_path / "r", train_steps=2, regression=1.0, pairs=3, pair_steps=2, **TINY)
     assert reg["train"]["loss_first"] is not None
@@ -386,10 +392,10 @@ def test_the_generator_waits_for_the_fake_score_warmup(teacher, tmp_path):
     assert any(not torch.equal(start[k], moved[k]) for k in start)  # the third update moves it
 
 
-def test_lora_views_share_one_base_and_merge_into_the_generator(tmp_path):
+def test_lora_views_share_one_base_and_merge_into_the_generator(flow_teacher):
     from fastdiff.distill.dmd_lora import FAKE, GENERATOR, add_adapters, merged_state_dict
 
-    fp = load_teacher(build("digits-flow", tmp_path / "digits-flow", size="test"), allow_flow=True)
+    fp = load_teacher(flow_teacher, allow_flow=True)
     original = fresh_copy(fp.denoiser)
     c, g = original.config, torch.Generator().manual_seed(0)
     inputs = {
@@ -435,8 +441,10 @@ def test_lora_views_share_one_base_and_merge_into_the_generator(tmp_path):
     torch.testing.assert_close(out(student), moved, rtol=1e-4, atol=1e-5)
 
 
-def test_lora_mode_trains_two_adapters_resumes_exactly_and_refuses_what_it_cannot_train(teacher, tmp_path):
-    flow = build("digits-flow", tmp_path / "digits-flow", size="test")
+def test_lora_mode_trains_two_adapters_resumes_exactly_and_refuses_what_it_cannot_train(
+    teacher, flow_teacher, tmp_path
+):
+    flow = flow_teacher
     options = dict(guidance=2.0, train_steps=3, lora=4, **TINY)
     whole = dmd(flow, tmp_path / "whole", **options)
     assert whole["train"]["trainable_parameters"] < 0.2 * sum(
@@ -475,7 +483,7 @@ def test_the_gan_head_reads_the_fake_scores_middle_features_only_while_capturing
     assert not unet.mid_block._forward_hooks
 
 
-def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(tmp_path):
+def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(flow_teacher, tmp_path):
     teacher = build("digits", tmp_path / "digits", size="bench")
     progressive(teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, progress=False)
     init = tmp_path / "prog" / "steps-1"
@@ -488,7 +496,7 @@ def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(
     saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
     head = saved["state"]["gan_head"]
     assert any(v.abs().sum() > 0 for v in head.values())  # the head left its zero start: it was trained
-    flow = build("digits-flow", tmp_path / "digits-flow", size="test")
+    flow = flow_teacher
     with pytest.raises(DistillError, match="--gan tells the teacher's training images"):
         dmd(flow, tmp_path / "flow", gan=1e-2, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="--gan and --gan-d must be >= 0"):
