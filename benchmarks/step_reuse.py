@@ -4,6 +4,8 @@ Run (1 thread; every ratio comes from configs timed in the same run)::
 
     .venv/bin/python benchmarks/step_reuse.py --models tiny-sd tiny-dit tiny-sdxl --rounds 3
     .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 2   # .fastdiff-cache/digits (shipped if absent)
+    .venv/bin/python benchmarks/step_reuse.py --models digits --rounds 3 --seed 1 \
+        --only "deepcache3+cfg-interval(0.0-0.4)" --json benchmarks/results/step_reuse_digits_combined.json
 
 Every model uses DPM++ 2M at 20 steps. The machine is shared and its speed drifts by tens of percent within
 minutes, so timing is *paired*: each round times, for every config, one call of ``none`` immediately followed
@@ -82,7 +84,7 @@ def load(model: str, size: str = "bench") -> FastPipeline:
     return FastPipeline(make_pipeline(model, size))
 
 
-def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: float | None) -> dict:
+def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: float | None, seed: int = 0) -> dict:
     """Paired timing of every config against the first (see the module docstring); ``fastdiff bench`` rows."""
     fp.pipe.set_progress_bar_config(disable=True)
     call = dict(make_inputs(fp.pipe, batch, guidance), output_type="np")
@@ -96,9 +98,9 @@ def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: f
         handle = fp.accelerate(specs)
         try:
             if "promptcache" in specs:
-                fp(**call, generator=torch.Generator().manual_seed(0))  # fills the cache: the timed call hits
+                fp(**call, generator=torch.Generator().manual_seed(seed))  # fills the cache: the timed call hits
             start_wall, start_cpu = time.perf_counter(), time.process_time()
-            output = fp(**call, generator=torch.Generator().manual_seed(0))
+            output = fp(**call, generator=torch.Generator().manual_seed(seed))
             elapsed = time.perf_counter() - start_wall, time.process_time() - start_cpu
         finally:
             handle.remove()
@@ -133,11 +135,12 @@ def bench(fp: FastPipeline, configs, rounds: int, batch: int | None, guidance: f
             "ssim": None if first else ssim(images[name], reference),
         }
         if evaluator is not None:
-            row.update(evaluator(fp.pipe, call, images[name], 0))
+            row.update(evaluator(fp.pipe, call, images[name], seed))
         rows.append(row)
     settings = {
         "steps": 20,
         "rounds": rounds,
+        "seed": seed,
         "threads": torch.get_num_threads(),
         "batch": len(reference),
         "inputs": {k: v for k, v in call.items() if k not in ("prompt", "class_labels")},
@@ -160,6 +163,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="default: the model's benchmark batch")
     parser.add_argument("--only", nargs="*", default=None, help="config names to run (none is always run)")
     parser.add_argument("--json", default="benchmarks/results/step_reuse.json")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed of every call (and the floor's draws)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out_path = Path(args.json)
@@ -170,7 +174,7 @@ def main() -> None:
             configs = [c for c in configs if c[0] == "none" or c[0] in args.only]
         guidance = 2.0 if model == "digits" else None  # digits defaults to 1 (no guidance); SD 7.5, DiT 4
         load_before = os.getloadavg()[0]
-        result = bench(load(model, args.size), configs, args.rounds, args.batch, guidance)
+        result = bench(load(model, args.size), configs, args.rounds, args.batch, guidance, args.seed)
         result["load_average"] = [load_before, os.getloadavg()[0]]
         result["timing"] = "paired"
         results[model] = result
