@@ -33,6 +33,7 @@ from fastdiff.core.registry import available
 from fastdiff.eval import quality_for
 from fastdiff.eval.bench import format_table, make_inputs
 from fastdiff.eval.fidelity import psnr, ssim
+from fastdiff.eval.provenance import PROVENANCE_KEYS
 from fastdiff.eval.record import write_record
 from fastdiff.zoo.shipped import ensure_digits
 from fastdiff.zoo.tiny import make_pipeline
@@ -168,6 +169,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out_path = Path(args.json)
     results = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    # the file's provenance becomes this run's; models an earlier command wrote keep that command's own
+    earlier = {key: results.pop(key) for key in (*PROVENANCE_KEYS, "threads", "record", "benchmark") if key in results}
+    for section in results.values():
+        if isinstance(section, dict) and "command" in earlier and "provenance" not in section:
+            section["provenance"] = {key: earlier[key] for key in PROVENANCE_KEYS if key in earlier}
     for model in args.models:
         configs = configs_for(model)
         if args.only:
