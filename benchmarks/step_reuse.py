@@ -169,6 +169,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out_path = Path(args.json)
     results = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    if "record" not in results:  # a file from before the results record: its rows lack spreads, so none is kept
+        results = {}
     # the file's provenance becomes this run's; models an earlier command wrote keep that command's own
     earlier = {key: results.pop(key) for key in (*PROVENANCE_KEYS, "threads", "record", "benchmark") if key in results}
     for section in results.values():
