@@ -13,7 +13,8 @@ by one call of the config (each applied, called and removed), and the speedup is
 the pair's ratio (wall clock; ``cpu_speedup`` from this process's CPU time). A warm-up call of every config
 comes first. ``promptcache`` gets one untimed call after each apply, so its timed call hits the cache (the
 repeated-prompt case). Fidelity (PSNR/SSIM) is against ``none``'s images; the digits model adds classifier
-accuracy and FD. Results are merged into ``benchmarks/results/step_reuse.json`` under the model's name.
+accuracy and FD. Results are merged into ``benchmarks/results/step_reuse.json`` under the model's name (a file
+written before the results record format is replaced, not merged).
 """
 
 from __future__ import annotations
