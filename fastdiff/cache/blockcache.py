@@ -42,7 +42,7 @@ from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockcache_teacache import TeaHead, load_rescaling, modulation_of, read_fit
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
-from fastdiff.core.branch_state import BranchState, BranchStore
+from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.diffusers_compat import StatefulHook
 from fastdiff.core.hooks import Handle, install_hooks
@@ -67,12 +67,11 @@ class _State:
         self.saved = BranchState()  # stored outputs by name, per guidance branch; cleared every call
         self.kinds: dict[str, tuple | None] = {}  # interval: None for a tensor output, else the tuple's layout
         self.head_output: torch.Tensor | None = None
+        self.scale_of: torch.Tensor | None = None  # first-block: the stored residual whose mean |value| is scale
+        self.scale: torch.Tensor | None = None
         self.last_full = 0
         # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
         self.trace: list[tuple[int, float | None, bool]] = []
-
-    def cache(self, key: str) -> BranchStore:
-        return self.saved.store(key)
 
 
 class _Controller(StatefulHook):
@@ -84,7 +83,7 @@ class _Controller(StatefulHook):
 
     def reset_state(self, module):
         st = self.state
-        st.head_output, st.last_full, st.trace = None, 0, []
+        st.head_output, st.last_full, st.trace, st.scale_of, st.scale = None, 0, [], None, None
         st.saved.clear()
         return module
 
@@ -115,11 +114,13 @@ class _Head(ModelHook):
         output = self.fn_ref.original_forward(*args, **kwargs)
         hidden = hidden_out(io, output)
         residual = hidden - hidden_in(io, args, kwargs)
-        head, tail = st.cache("head"), st.cache("tail")
+        head, tail = st.saved.store("head"), st.saved.store("tail")
         change = None
         if head.has(st.branches) and tail.has(st.branches):
             previous = head.get(st.branches)
-            change = ((residual - previous).abs().mean() / previous.abs().mean()).item()
+            if st.scale_of is not previous:  # skipped steps compare with the same residual: its scale once
+                st.scale_of, st.scale = previous, previous.abs().mean()
+            change = ((residual - previous).abs().mean() / st.scale).item()
             st.skip = change <= st.threshold
             st.skipped += st.skip
         st.trace.append((st.step, change, st.skip))
@@ -146,7 +147,7 @@ class _Rest(ModelHook):
             hidden = hidden_out(self.io, output)
             if st.joined:
                 hidden = hidden[:, -st.head_output.shape[1] :]
-            st.cache("tail").put(st.branches, st.step, hidden - st.head_output)
+            st.saved.store("tail").put(st.branches, st.step, hidden - st.head_output)
         return output
 
 
@@ -162,17 +163,17 @@ class _Reuse(ModelHook):
         if st.reuse:
             stored = st.kinds[self.key]  # a tensor, or a tuple of tensors and Nones (joint attention)
             if stored is None:
-                return st.cache(self.key).get(st.branches)
-            return tuple(None if t is None else st.cache(f"{self.key}.{i}").get(st.branches) for i, t in stored)
+                return st.saved.store(self.key).get(st.branches)
+            return tuple(None if t is None else st.saved.store(f"{self.key}.{i}").get(st.branches) for i, t in stored)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if isinstance(output, torch.Tensor):
             st.kinds[self.key] = None
-            st.cache(self.key).put(st.branches, st.step, output)
+            st.saved.store(self.key).put(st.branches, st.step, output)
         else:
             st.kinds[self.key] = tuple((i, t) for i, t in enumerate(output))
             for i, t in enumerate(output):
                 if t is not None:
-                    st.cache(f"{self.key}.{i}").put(st.branches, st.step, t)
+                    st.saved.store(f"{self.key}.{i}").put(st.branches, st.step, t)
         return output
 
 

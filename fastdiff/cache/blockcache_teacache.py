@@ -49,11 +49,14 @@ def modulation_of(block) -> tuple[str, ...]:
     return found
 
 
-def modulated_input(block, io, args, kwargs, facts: tuple[str, ...] | None = None) -> torch.Tensor:
-    """The first block's adaLN-modulated input; ``facts``: its ``modulation_of`` (looked up when not given)."""
+def modulated_input(
+    block, io, args, kwargs, facts: tuple[str, ...] | None = None, hidden: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The first block's adaLN-modulated input; ``facts``: its ``modulation_of`` (looked up when not given);
+    ``hidden``: its image states, if already read."""
     norm_name, emb_name, *table = facts or modulation_of(block)
     emb = block_argument(io, emb_name, args, kwargs)
-    hidden = hidden_in(io, args, kwargs)
+    hidden = hidden_in(io, args, kwargs) if hidden is None else hidden
     if not table:
         return getattr(block, norm_name)(hidden, emb=emb)[0]
     if table[0].startswith("chunks:"):  # shift, scale, gate, ... as equal chunks of the last dim
@@ -131,7 +134,8 @@ class TeaHead(ModelHook):
         st, ctx, io = self.state, self.state.context, self.io
         # per-branch state, cleared every call by blockcache's controller
         branches, saved = st.branches, st.saved
-        modulated = modulated_input(module, io, args, kwargs, self.facts)
+        hidden = hidden_in(io, args, kwargs)
+        modulated = modulated_input(module, io, args, kwargs, self.facts, hidden)
         edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1
         inputs, tail = saved.store("modulated"), saved.store("tail")
         st.skip = False
@@ -145,9 +149,8 @@ class TeaHead(ModelHook):
         else:
             saved.set("accumulated", branches, 0.0)
         inputs.put(branches, ctx.step, modulated)
-        hidden = hidden_in(io, args, kwargs)
         if st.skip:
-            return with_hidden(io, passed_through(io, args, kwargs), hidden + tail.get(branches))
+            return with_hidden(io, passed_through(io, args, kwargs, hidden), hidden + tail.get(branches))
         st.head_output = hidden  # the last block stores its output minus this: the residual of all blocks
         return self.fn_ref.original_forward(*args, **kwargs)
 

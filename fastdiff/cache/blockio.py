@@ -37,9 +37,10 @@ def with_hidden(io, output, hidden: torch.Tensor):
     return type(output)(parts)
 
 
-def passed_through(io, args, kwargs):
-    """What a skipped block returns: its inputs, in the places its output has them."""
-    hidden = hidden_in(io, args, kwargs)
+def passed_through(io, args, kwargs, hidden: torch.Tensor | None = None):
+    """What a skipped block returns: its inputs, in the places its output has them (``hidden``: its image states,
+    if already read)."""
+    hidden = hidden_in(io, args, kwargs) if hidden is None else hidden
     if io.return_encoder_hidden_states_index is None:
         return hidden
     encoder = block_argument(io, io.encoder_hidden_states_argument_name, args, kwargs)

@@ -78,6 +78,15 @@ def full_steps(num_steps: int, interval: int, schedule: str, warmup: int) -> fro
     return frozenset(steps) | frozenset(range(min(warmup, num_steps)))
 
 
+def last_full_steps(steps: frozenset[int], num_steps: int) -> list[int]:
+    """Per step ``0..num_steps``, the last full step at or before it (the last entry serves any later step)."""
+    found, last = [], 0
+    for step in range(num_steps):
+        last = step if step in steps else last
+        found.append(last)
+    return [*found, max(steps, default=0)]
+
+
 @dataclass
 class _Plan:
     skipped: list[tuple[str, torch.nn.Module]]  # modules that return a placeholder on cached steps
@@ -192,6 +201,7 @@ class _State:
     def __init__(self, config: DeepCache, layout: _Plan):
         self.config, self.layout, self.reuse = config, layout, False
         self.steps: frozenset[int] | None = None  # full-compute steps of this call, set at its first evaluation
+        self.last_full: list[int] = []  # per step of this call: the last full step at or before it
         self.batch, self.branches = 0, ("cond",)
         self.templates: dict[str, object] = {}
         # (key, batch) -> placeholder, made once per call
@@ -234,9 +244,10 @@ class _Controller(StatefulHook):
         ctx, st, config = self.context, self.state, self.state.config
         if st.steps is None:  # the call's step count is known from its first evaluation on
             st.steps = full_steps(ctx.num_steps, config.interval, config.schedule, config.warmup)
+            st.last_full = last_full_steps(st.steps, ctx.num_steps)
         sample = args[0] if args else kwargs["sample"]
         st.batch, st.branches = sample.shape[0], ctx.branches
-        last_full = max((s for s in st.steps if s <= ctx.step), default=0)
+        last_full = st.last_full[min(ctx.step, len(st.last_full) - 1)]
         chunk = st.batch // len(st.branches)
         st.reuse = ctx.step not in st.steps and st.saved.store(SOURCE).has(st.branches, since=last_full, chunk=chunk)
         if st.reuse:
@@ -259,10 +270,8 @@ class _Skip(ModelHook):
                 made = st.placeholders[self.key, st.batch] = _placeholder(st.templates[self.key], st.batch)
             return made
         output = self.fn_ref.original_forward(*args, **kwargs)
-        template = _template(output)
-        if st.templates.get(self.key) != template:
-            st.templates[self.key] = template
-            st.placeholders = {k: v for k, v in st.placeholders.items() if k[0] != self.key}
+        if self.key not in st.templates:  # shapes hold within a call (the state is cleared at every call)
+            st.templates[self.key] = _template(output)
         return output
 
 

@@ -82,6 +82,17 @@ def _stable_fit(points: list, step: int) -> tuple[list, list[float]]:
         points = points[1:]
 
 
+def _extrapolate(points: list, weights: list[float]) -> list[torch.Tensor]:
+    """Sum of weight x value over the points, for each tensor of the stored values."""
+    out = []
+    for k in range(len(points[-1][1])):
+        total = weights[0] * points[0][1][k]
+        for w, (_, values) in zip(weights[1:], points[1:]):
+            total = total + w * values[k]
+        out.append(total)
+    return out
+
+
 class ForecastHook(StatefulHook):
     """Run the denoiser on scheduled steps; extrapolate each branch's history on the others."""
 
@@ -128,11 +139,10 @@ class ForecastHook(StatefulHook):
         return True
 
     def _predict(self, step: int, branches: tuple[str, ...]):
-        per_branch = []
-        for branch in branches:
-            points, weights = _stable_fit(self.outputs.points(branch), step)
-            chunks = [sum(w * values[k] for w, (_, values) in zip(weights, points)) for k in range(len(points[-1][1]))]
-            per_branch.append(chunks)
+        joined = self.outputs.joined_points(branches)
+        if joined is not None:  # every branch was stored at the same steps: one fit over the whole batch
+            return with_tensors(self.template, _extrapolate(*_stable_fit(joined, step)))
+        per_branch = [_extrapolate(*_stable_fit(self.outputs.points(branch), step)) for branch in branches]
         tensors = [torch.cat([b[k] for b in per_branch]) for k in range(len(per_branch[0]))]
         return with_tensors(self.template, tensors)
 

@@ -37,21 +37,14 @@ def _batch(value: Value) -> int:
     return (value if isinstance(value, torch.Tensor) else value[0]).shape[0]
 
 
-class _Part:
-    """One branch's chunk of a stored batch, sliced only when read (most reads take the whole batch back)."""
+# A stored point: (step, whole batch, index of the branch's chunk in it, number of chunks). The chunk is sliced only
+# when read (most reads take the whole batch back); plain tuples because this runs on every step (host time).
+Point = tuple[int, Value, int, int]
 
-    __slots__ = ("whole", "index", "parts")
 
-    def __init__(self, whole: Value, index: int, parts: int):
-        self.whole, self.index, self.parts = whole, index, parts
-
-    @property
-    def value(self) -> Value:
-        return self.whole if self.parts == 1 else _chunk(self.whole, self.index, self.parts)
-
-    @property
-    def batch(self) -> int:
-        return _batch(self.whole) // self.parts
+def _value(point: Point) -> Value:
+    _, whole, index, parts = point
+    return whole if parts == 1 else _chunk(whole, index, parts)
 
 
 class BranchStore:
@@ -63,7 +56,7 @@ class BranchStore:
 
     def __init__(self, keep: int = 1):
         self.keep = keep
-        self._points: dict[str, list[tuple[int, _Part]]] = {}
+        self._points: dict[str, list[Point]] = {}
         self._whole: tuple[tuple[str, ...], int, Value] | None = None
 
     def put(
@@ -76,15 +69,22 @@ class BranchStore:
         self._whole = (branches, step, value)
         parts = len(branches)
         for index, branch in enumerate(branches):
+            point = (step, value, index, parts)
+            if self.keep == 1:  # the new point is the whole history
+                self._points[branch] = [point]
+                continue
             kept = [p for p in self._points.get(branch, ()) if p[0] < step and (since is None or p[0] >= since)]
-            kept.append((step, _Part(value, index, parts)))
+            kept.append(point)
             self._points[branch] = kept[-self.keep :]
 
     def has(self, branches: tuple[str, ...], since: int = 0, chunk: int | None = None) -> bool:
         """Every branch has a value from step ``since`` on (with ``chunk`` images, if given)."""
         for branch in branches:
             points = self._points.get(branch)
-            if not points or points[-1][0] < since or (chunk is not None and points[-1][1].batch != chunk):
+            if not points:
+                return False
+            step, whole, _, parts = points[-1]
+            if step < since or (chunk is not None and _batch(whole) // parts != chunk):
                 return False
         return True
 
@@ -92,14 +92,31 @@ class BranchStore:
         """The latest values of ``branches``, joined along the batch in that order."""
         if self._whole is not None and self._whole[0] == branches:
             return self._whole[2]
-        latest = [self._points[b][-1][1].value for b in branches]
+        latest = [_value(self._points[b][-1]) for b in branches]
         tensors = [v for v in latest if isinstance(v, torch.Tensor)]
         if len(tensors) == len(latest):
             return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
         return [torch.cat(parts) for parts in zip(*latest)]
 
     def points(self, branch: str) -> list[tuple[int, Value]]:
-        return [(step, part.value) for step, part in self._points.get(branch, [])]
+        return [(point[0], _value(point)) for point in self._points.get(branch, [])]
+
+    def joined_points(self, branches: tuple[str, ...]) -> list[tuple[int, Value]] | None:
+        """The history of ``branches`` as whole batches, when each point of every branch is its chunk of the same
+        stored batch (steps alike, branches in this order): work on them is one operation per point instead of one
+        per branch and point. None otherwise."""
+        first = self._points.get(branches[0])
+        if not first:
+            return None
+        parts = len(branches)
+        for index, branch in enumerate(branches):
+            points = self._points.get(branch)
+            if points is None or len(points) != len(first):
+                return None
+            for (step, whole, at, count), (step0, whole0, _, _) in zip(points, first):
+                if step != step0 or whole is not whole0 or at != index or count != parts:
+                    return None
+        return [(point[0], point[1]) for point in first]
 
 
 class BranchState:

@@ -138,8 +138,10 @@ class ContextHook(ModelHook):
 
     def pre_forward(self, module, *args, **kwargs):
         ctx = self.context
-        ctx.timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-        batch = batch_size_of(args, kwargs)
+        ctx.raw_timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+        # a tensor sample inline (host time on every step); batch_size_of reads the other layouts
+        batch = sample.shape[0] if type(sample) is torch.Tensor and sample.dim() else batch_size_of(args, kwargs)
         if ctx.denoiser_calls == 0:
             pipe = self.pipe_of()
             steps = pipe.__dict__.get("_num_timesteps")

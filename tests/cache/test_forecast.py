@@ -14,6 +14,7 @@ from helpers import call, psnr, tiny_pipe
 import fastdiff
 from fastdiff import AcceleratorError, FastPipeline
 from fastdiff.cache.forecast import MAX_GAIN, ForecastHook, _stable_fit, _weights
+from fastdiff.core.branch_state import BranchStore
 from fastdiff.core.context import StepContext
 from fastdiff.core.hooks import install_hook
 from fastdiff.core.models import UnsupportedModelError
@@ -250,3 +251,32 @@ def test_attention_forecast_gives_diffusers_taylorseer_images_on_sd3(monkeypatch
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
     assert np.abs(ours - plain).max() > 1e-4
     np.testing.assert_array_equal(bench.run(fp, bench.setting("none"), prompts)[0], plain)  # all removed
+
+
+def test_whole_batch_prediction_equals_the_per_branch_one(monkeypatch):
+    # Forecast fits a CFG batch in one go when both branches were stored together; per branch it must agree bit
+    # for bit, and a step that runs one branch alone parts the histories (then it goes branch by branch).
+    original, whole_fits = BranchStore.joined_points, []
+
+    def spy(self, branches):
+        found = original(self, branches)
+        whole_fits.append(found is not None)
+        return found
+
+    def predictions(joined: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(BranchStore, "joined_points", spy if joined else lambda self, branches: None)
+        context = StepContext(call_index=1, num_steps=12, cfg=True, branches=("uncond", "cond"))
+        toy = Polynomial(context, [1.0, 0.5, -0.05])
+        install_hook(toy, ForecastHook(context, order=2, interval=2, warmup=3), "fastdiff.forecast")
+        sample, out = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)), []
+        for step in range(12):
+            context.step = step
+            both = step != 5
+            context.branches = ("uncond", "cond") if both else ("cond",)
+            out.append(toy(sample if both else sample[2:])[0])
+        monkeypatch.undo()
+        return out
+
+    for whole, per_branch in zip(predictions(True), predictions(False), strict=True):
+        assert torch.equal(whole, per_branch)
+    assert any(whole_fits) and not all(whole_fits)  # both paths were taken

@@ -54,3 +54,16 @@ def test_state_holds_named_stores_and_values_until_cleared():
     assert state.value("accumulated", "other", -1) == -1
     state.clear()
     assert not state.store("tail").has(BOTH) and state.value("accumulated", "cond") is None
+
+
+def test_joined_points_are_whole_batches_only_when_every_branch_shares_them():
+    store = BranchStore(keep=2)
+    first, second = torch.arange(4.0).reshape(2, 2), torch.arange(4.0, 8.0).reshape(2, 2)
+    store.put(BOTH, 0, first)
+    store.put(BOTH, 1, second)
+    assert [(s, v) for s, v in store.joined_points(BOTH)] == [(0, first), (1, second)]
+    assert store.joined_points(("cond", "uncond")) is None  # another order: the chunks are not in place
+    assert store.joined_points(("cond",)) is None  # a lone chunk of a 2-branch batch is not whole
+    store.put(("cond",), 2, torch.ones(1, 2))  # guidance turned off: the branches' histories part
+    assert store.joined_points(BOTH) is None
+    assert BranchStore().joined_points(BOTH) is None

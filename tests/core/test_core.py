@@ -269,6 +269,34 @@ def test_install_hooks_is_all_or_nothing(sd):
     assert not any(has_hook(b, "test.all-or-nothing") for b in blocks)
 
 
+def test_gated_hooks_act_only_inside_a_call_with_or_without_new_forward():
+    from fastdiff.core.context import StepContext
+    from fastdiff.core.hooks import GatedForwardHook, GatedHook, install_hook
+
+    class Twice(ModelHook):  # pre/post only: gated in pre/post, no new_forward in the chain
+        def post_forward(self, module, output):
+            return output * 2
+
+    class Plus(ModelHook):
+        def new_forward(self, module, *args, **kwargs):
+            return self.fn_ref.original_forward(*args, **kwargs) + 1
+
+    context, layer, x = StepContext(), torch.nn.Identity(), torch.ones(1)
+    twice, plus = (
+        install_hook(layer, Twice(), "test.twice", context),
+        install_hook(layer, Plus(), "test.plus", context),
+    )
+    hooks = list(layer._diffusers_hook.hooks.values())
+    assert type(hooks[0]) is GatedHook and not hasattr(hooks[0], "new_forward")
+    assert type(hooks[1]) is GatedForwardHook
+    assert layer(x).item() == 1.0  # outside a call: untouched
+    context.active = True
+    assert layer(x).item() == 3.0  # plus (registered last, outermost) adds 1 to twice's 1 * 2
+    twice.remove()
+    plus.remove()
+    assert layer(x).item() == 1.0 and "forward" not in layer.__dict__
+
+
 def test_dit_branch_layout_is_cond_first(pipes):
     fp = FastPipeline(pipes["tiny-dit"])
     fp(**call_kwargs(fp.pipe, guidance=4.0))
