@@ -45,10 +45,6 @@ def h_schedule(r):
     )
 
 
-def h_deepcache(r):
-    return _vs_dpm(r, "deepcache 3", "(interval 3, on dpm++2m 20)")
-
-
 def _flow_pick(r, family: str) -> tuple[str, str, str]:
     """A headline of digits-flow's caching run (benchmarks/caching_select.py): the family's pick on seed 0."""
     d = r["flow_caching"]
@@ -93,10 +89,6 @@ def h_prune(r):
     c = _digits(r, "prune 0.5 recovered")
     share = c["params"] / _digits(r, "dpm++2m 20")["params"]
     return _vs_dpm(r, "prune 0.5 recovered", f"at {share:.0%} of the parameters (ratio 0.5, recovered)", "original")
-
-
-def h_lowrank(r):
-    return _vs_dpm(r, "lowrank 0.9 recovered", "(energy 0.9, recovered)", "original")
 
 
 def _runtime(r, name):
@@ -152,10 +144,6 @@ def h_tiny_vae(r):
         quality,
         f"{model}; SD 1.5 size",
     )
-
-
-def h_experts(r):
-    return _vs_dpm(r, "experts 0.75", "(pruned model on 75% of the steps)", "full")
 
 
 def h_student(r):
@@ -231,10 +219,14 @@ def _pair(r, source: str, name: str, base_name: str, model: str) -> tuple[str, s
 
 
 def _figure(name: str | None) -> Callable[[dict], tuple[str, str, str]] | None:
-    """``h_NAME`` of this module, ``flow_pick:FAMILY`` (digits-flow's caching pick for that family), or
-    ``pair:SOURCE:NAME:BASE:MODEL`` (two configs of one ``fastdiff bench`` file)."""
+    """``h_NAME`` of this module, ``flow_pick:FAMILY`` (digits-flow's caching pick for that family),
+    ``pair:SOURCE:NAME:BASE:MODEL`` (two configs of one ``fastdiff bench`` file), or ``digits:NAME:WHAT:LABEL``
+    (a row of the one-run digits table against its dpm++2m 20, the baseline called LABEL)."""
     if name is None:
         return None
+    if name.startswith("digits:"):
+        config, what, label = name.split(":")[1:]
+        return functools.partial(_vs_dpm, name=config, what=what, label=label)
     if name.startswith("pair:"):
         source, config, base, model = name.split(":")[1:]
         return functools.partial(_pair, source=source, name=config, base_name=base, model=model)
