@@ -107,3 +107,58 @@ def test_trainer_refuses_bad_input_before_training(trained, tmp_path):
     with pytest.raises(DistillError, match="must be >= 1"):
         tiny_vae(model, tmp_path / "o", steps=0, progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def _pipeline_variant(kind: str, model, tmp_path):
+    """(FastPipeline, tiny decoder directory, extra call kwargs) for the other pipelines that decode with an
+    AutoencoderKL: img2img, inpaint and ControlNet built from digits-sd's components, and the test-size SDXL with a
+    tiny decoder of random weights (the mechanism only: its latent space has no trained tiny decoder here)."""
+    import diffusers
+    from diffusers import ControlNetModel
+
+    from fastdiff.distill.tiny_vae import tiny_config
+    from fastdiff.zoo.tiny import make_pipeline
+
+    if kind == "sdxl":
+        pipe = make_pipeline("tiny-sdxl", "test")
+        torch.manual_seed(0)
+        AutoencoderTiny(**tiny_config(pipe.vae, 8, 1)).save_pretrained(tmp_path / "sdxl-taesd")
+        return pipe, tmp_path / "sdxl-taesd", {"prompt": ["a red fox"]}
+    base = FastPipeline.from_pretrained(model).pipe
+    side = base.unet.config.sample_size * base.vae_scale_factor
+    channels = base.vae.config.in_channels  # digits-sd's images are grayscale
+    image = torch.rand(2, channels, side, side, generator=torch.Generator().manual_seed(1))
+    if kind == "img2img":
+        return diffusers.StableDiffusionImg2ImgPipeline(**base.components), None, {"image": image, "strength": 0.7}
+    if kind == "inpaint":
+        mask = torch.zeros(2, 1, side, side)
+        mask[..., side // 4 : side // 2, :] = 1
+        pipe = diffusers.StableDiffusionInpaintPipeline(**base.components)
+        return pipe, None, {"image": image, "mask_image": mask, "height": side, "width": side}
+    # the conditioning embedding downsamples by the VAE's factor: one stride-2 level per factor of two
+    levels = base.vae_scale_factor.bit_length()
+    embedding = tuple(16 * 2**i for i in range(levels))
+    controlnet = ControlNetModel.from_unet(
+        base.unet, conditioning_channels=channels, conditioning_embedding_out_channels=embedding
+    )
+    pipe = diffusers.StableDiffusionControlNetPipeline(**base.components, controlnet=controlnet)
+    return pipe, None, {"image": image, "height": side, "width": side}
+
+
+@pytest.mark.parametrize("kind", ["img2img", "inpaint", "controlnet", "sdxl"])
+def test_img2img_inpaint_controlnet_and_sdxl_decode_with_the_tiny_decoder(trained, tmp_path, kind):
+    model, out, _ = trained
+    pipe, own, extra = _pipeline_variant(kind, model, tmp_path)
+    pipe.set_progress_bar_config(disable=True)
+    fp, path = FastPipeline(pipe), own or out
+    before = _call(fp, "pt", **extra).images
+    handle = fp.accelerate(f"tiny-vae(path={path})")
+    latents = _call(fp, "latent", **extra).images  # encoding (img2img, inpaint) still uses the pipeline's VAE
+    fast = _call(fp, "pt", **extra).images
+    decoder = AutoencoderTiny.from_pretrained(path).decoder
+    with torch.no_grad():
+        expected = (decoder(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+    assert not torch.equal(fast, before)
+    handle.remove()
+    assert torch.equal(_call(fp, "pt", **extra).images, before)
