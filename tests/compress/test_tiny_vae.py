@@ -36,6 +36,22 @@ def _call(fp, output_type: str, **extra):
     )
 
 
+def assert_tiny_decode_and_restore(fp, path, **extra) -> None:
+    """Under tiny-vae the images are the tiny decoder's decode of the call's latents (encoding, in img2img and
+    inpainting, still uses the pipeline's VAE); ``remove()`` gives back the images of before bit for bit."""
+    before = _call(fp, "pt", **extra).images
+    handle = fp.accelerate(f"tiny-vae(path={path})")
+    latents = _call(fp, "latent", **extra).images
+    fast = _call(fp, "pt", **extra).images
+    decoder = AutoencoderTiny.from_pretrained(path).decoder
+    with torch.no_grad():
+        expected = (decoder(latents) / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
+    assert not torch.equal(fast, before)
+    handle.remove()
+    assert torch.equal(_call(fp, "pt", **extra).images, before)
+
+
 def test_training_lowers_the_loss_and_records_what_it_measured(trained):
     _, out, manifest = trained
     assert manifest["done"] and manifest["command"]["steps"] == 30
@@ -53,17 +69,7 @@ def test_images_are_the_tiny_decoders_decode_of_the_latents_and_remove_restores(
     path = model if kind == "digits-sd" else install(tmp_path / kind, kind)
     fp = FastPipeline.from_pretrained(path)
     fp.pipe.set_progress_bar_config(disable=True)
-    before = _call(fp, "pt").images
-    latents = _call(fp, "latent").images
-    handle = fp.accelerate(f"tiny-vae(path={out})")
-    fast = _call(fp, "pt").images
-    decoder = AutoencoderTiny.from_pretrained(out).decoder
-    with torch.no_grad():
-        expected = (decoder(latents) / 2 + 0.5).clamp(0, 1)
-    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
-    assert not torch.equal(fast, before)
-    handle.remove()
-    assert torch.equal(_call(fp, "pt").images, before)
+    assert_tiny_decode_and_restore(fp, out)
 
 
 def test_bad_input_is_refused_before_anything_changes(trained, tmp_path):
@@ -150,15 +156,4 @@ def test_img2img_inpaint_controlnet_and_sdxl_decode_with_the_tiny_decoder(traine
     model, out, _ = trained
     pipe, own, extra = _pipeline_variant(kind, model, tmp_path)
     pipe.set_progress_bar_config(disable=True)
-    fp, path = FastPipeline(pipe), own or out
-    before = _call(fp, "pt", **extra).images
-    handle = fp.accelerate(f"tiny-vae(path={path})")
-    latents = _call(fp, "latent", **extra).images  # encoding (img2img, inpaint) still uses the pipeline's VAE
-    fast = _call(fp, "pt", **extra).images
-    decoder = AutoencoderTiny.from_pretrained(path).decoder
-    with torch.no_grad():
-        expected = (decoder(latents) / 2 + 0.5).clamp(0, 1)
-    torch.testing.assert_close(fast, expected, rtol=0, atol=1e-5)
-    assert not torch.equal(fast, before)
-    handle.remove()
-    assert torch.equal(_call(fp, "pt", **extra).images, before)
+    assert_tiny_decode_and_restore(FastPipeline(pipe), own or out, **extra)
