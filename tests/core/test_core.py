@@ -294,7 +294,7 @@ def test_gated_hooks_act_only_inside_a_call_with_or_without_new_forward():
     assert layer(x).item() == 3.0  # plus (registered last, outermost) adds 1 to twice's 1 * 2
     twice.remove()
     plus.remove()
-    assert layer(x).item() == 1.0 and "forward" not in layer.__dict__
+    assert layer(x).item() == 1.0 and "forward" not in layer.__dict__ and "_diffusers_hook" not in layer.__dict__
 
 
 def test_dit_branch_layout_is_cond_first(pipes):
