@@ -162,7 +162,7 @@ def h_student(r):
 def h_parallel_cfg(r):
     c = r["parallel_cfg"]["digits"]
     return (
-        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (wall time)",
+        f"{spread(c, 'speedup')} on 2 processes x 1 thread vs 1 x 1 (wall time)",
         "identical images" if not c["max_abs_difference"] else f"max difference {c['max_abs_difference']:.1e}",
         "digits",
     )
