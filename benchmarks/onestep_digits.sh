@@ -10,6 +10,8 @@
 # VARIANT=NAME VARIANT_ARGS="..." adds a DMD run dmd-NAME-<tag> with those extra options from the same start
 # (e.g. VARIANT=gan VARIANT_ARGS="--gan 3e-3 --gan-d 1e-2"), benched beside the others into onestep_<tag>_NAME.json;
 # VARIANT_INIT=DIR starts it from another one-step student (default: the progressive one), e.g. to train on.
+# RECIPE=NAME RECIPE_ARGS="..." gives the main DMD run those extra options instead (dmd-NAME-<tag>, results in
+# onestep_<tag>_NAME.json), so one recipe is trained and timed alone from scratch (progressive start included).
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep}
 shift || true
@@ -26,10 +28,12 @@ for g in $GUIDANCES; do
   tag="g${g%.*}"
   run "progressive-$tag" $FD distill progressive "$TEACHER" "$ROOT/progressive-$tag" --from 16 --to 1 \
     --guidance "$g" --steps-per-round 400 --batch 32 --save-every 200
-  run "dmd-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$tag" --init "$ROOT/progressive-$tag/steps-1" \
+  main="dmd${RECIPE:+-$RECIPE}-$tag"
+  # shellcheck disable=SC2086  # RECIPE_ARGS is a list of options (later options override the defaults)
+  run "$main" $FD distill dmd "$TEACHER" "$ROOT/$main" --init "$ROOT/progressive-$tag/steps-1" \
     --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
-    --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
-  extra=() json="$OUT/onestep_$tag.json"
+    ${RECIPE_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
+  extra=() json="$OUT/onestep_$tag${RECIPE:+_$RECIPE}.json"
   if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT_ARGS is a list of options
     run "dmd-$VARIANT-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$VARIANT-$tag" \
@@ -47,5 +51,5 @@ for g in $GUIDANCES; do
     --config "teacher DDIM 50=scheduler(name=ddim,steps=50)" \
     --config "teacher dpm++2m 10=scheduler(name=dpm++2m,steps=10)" \
     --config "progressive 1=student(path=$ROOT/progressive-$tag/steps-1)" \
-    --config "dmd 1=student(path=$ROOT/dmd-$tag/steps-1)" "${extra[@]}"
+    --config "dmd${RECIPE:+ $RECIPE} 1=student(path=$ROOT/$main/steps-1)" "${extra[@]}"
 done
