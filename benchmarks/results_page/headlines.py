@@ -57,7 +57,7 @@ def h_promptcache(r):
     d = r["digits_sd"]["configs"]
     c = find(d, "name", "promptcache")
     return (
-        f"{fx(c['cpu_speedup'])} on one image (saves the text encoder on repeated prompts)",
+        f"{spread(c, 'cpu_speedup')} on one image (saves the text encoder on repeated prompts)",
         f"{db(c['psnr'])} images",
         "digits-sd",
     )
@@ -111,13 +111,13 @@ def h_compile(r):
 
 def h_fuse(r):
     c = _runtime(r, "fuse")
-    return (f"{fx(c['cpu_speedup'])}", f"{db(c['psnr'])} images", "tiny-sd")
+    return (f"{spread(c, 'cpu_speedup')}", f"{db(c['psnr'])} images", "tiny-sd")
 
 
 def h_attention(r):
     c = _runtime(r, "attention-math")
     return (
-        f"{fx(c['cpu_speedup'])} for `backend=math` (the SDPA default is the fast path)",
+        f"{spread(c, 'cpu_speedup')} for `backend=math` (the SDPA default is the fast path)",
         f"PSNR {db(c['psnr'])}",
         "tiny-sd",
     )
@@ -172,7 +172,7 @@ def h_parallel_async(r):
     m = r["parallel_async_digits_overlap_seeds"]["digits"]
     c = m["async warmup=2 extrapolate=1"]
     return (
-        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (wall time, `extrapolate=1`)",
+        f"{spread(c, 'speedup')} on 2 processes x 1 thread vs 1 x 1 (wall time, `extrapolate=1`)",
         f"{pct(c['accuracy'])} / FD {c['fd']:.2f} (1 process: {pct(m['single']['accuracy'])} / {m['single']['fd']:.2f})",
         "digits",
     )
@@ -182,7 +182,7 @@ def h_parallel_sequence(r):
     rows = [x for x in r["parallel_sequence"]["rows"] if x["output_type"] == "latent"]
     c = max(rows, key=lambda x: x["tokens"])
     return (
-        f"{fx(c['speedup'])} on 2 processes x 1 thread vs 1 x 1 (denoising loop, {c['tokens']} tokens)",
+        f"{spread(c, 'speedup')} on 2 processes x 1 thread vs 1 x 1 (denoising loop, {c['tokens']} tokens)",
         "identical latents" if not c["max_abs_difference"] else f"max difference {c['max_abs_difference']:.1e}",
         "tiny-wan",
     )
