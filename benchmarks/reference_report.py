@@ -11,7 +11,8 @@ Run (the JSONs come from, for g in 1 2):
     --config ddpm1000="scheduler(name=ddpm,steps=1000)" --json benchmarks/results/reference_ddpm_g$g.json
 then:  python benchmarks/reference_report.py   (prints the table of benchmarks/reference.md)
 The shipped model's table: python benchmarks/reference_report.py benchmarks/results/reference_shipped_g1.json
-(that JSON from the first command above, run on `fastdiff zoo build digits DIR --size bench`, guidance 1).
+(that JSON from the first command above with --runs 3 and the warm-up, each ratio with its rounds' range, run on
+`fastdiff zoo build digits .fastdiff-cache/digits --size bench`, guidance 1; the file records the exact command).
 """
 
 import json
