@@ -12,6 +12,8 @@
 # VARIANT_INIT=DIR starts it from another one-step student (default: the progressive one), e.g. to train on.
 # RECIPE=NAME RECIPE_ARGS="..." gives the main DMD run those extra options instead (dmd-NAME-<tag>, results in
 # onestep_<tag>_NAME.json), so one recipe is trained and timed alone from scratch (progressive start included).
+# CONSISTENCY=1 also trains the consistency student of benchmarks/train_students.sh (consistency-<tag>) and
+# benches it at 1, 2 and 4 steps beside the others, so the three methods are measured in one run.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep}
 shift || true
@@ -34,17 +36,26 @@ for g in $GUIDANCES; do
     --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
     ${RECIPE_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
   extra=() json="$OUT/onestep_$tag${RECIPE:+_$RECIPE}.json"
+  if [ -n "${CONSISTENCY:-}" ]; then  # train_students.sh's settings for this guidance
+    if [ "$tag" = g1 ]; then size="--train-steps 600 --batch 32"; else size="--train-steps 1000 --batch 64"; fi
+    # shellcheck disable=SC2086  # size is a list of options
+    run "consistency-$tag" $FD distill consistency "$TEACHER" "$ROOT/consistency-$tag" --guidance-range "$g" \
+      $size --save-every 200
+    for k in 1 2 4; do
+      extra+=(--config "consistency $k=student(path=$ROOT/consistency-$tag,steps=$k,unvalidated=true)")
+    done
+  fi
   if [ -n "${VARIANT:-}" ]; then
     # shellcheck disable=SC2086  # VARIANT_ARGS is a list of options
     run "dmd-$VARIANT-$tag" $FD distill dmd "$TEACHER" "$ROOT/dmd-$VARIANT-$tag" \
       --init "${VARIANT_INIT:-$ROOT/progressive-$tag/steps-1}" \
       --guidance "$g" --train-steps "$STEPS" --batch 64 --fake-updates 5 --lr 1e-5 --fake-lr 2e-5 \
       ${VARIANT_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
-    extra=(--config "dmd $VARIANT 1=student(path=$ROOT/dmd-$VARIANT-$tag/steps-1)") json="$OUT/onestep_${tag}_$VARIANT.json"
+    extra+=(--config "dmd $VARIANT 1=student(path=$ROOT/dmd-$VARIANT-$tag/steps-1)") json="$OUT/onestep_${tag}_$VARIANT.json"
     # a variant trained on from another variant is benched beside it
     case "${VARIANT_INIT:-}" in */dmd-*-"$tag"/steps-1)
       base=$(basename "$(dirname "$VARIANT_INIT")"); base=${base#dmd-}; base=${base%-"$tag"}
-      extra=(--config "dmd $base 1=student(path=$VARIANT_INIT)" "${extra[@]}") ;;
+      extra+=(--config "dmd $base 1=student(path=$VARIANT_INIT)") ;;
     esac
   fi
   $FD bench "$TEACHER" --guidance "$g" --threads 1 --runs 3 --seed 1 --json "$json" \
