@@ -75,8 +75,9 @@ class ParallelAsync(ParallelConfig):
     """The denoiser in ``stages`` (default: devices) stages, one per rank, AsyncDiff-style, after ``warmup``
     whole denoiser calls per call, with activations exchanged every ``stride`` steps; the last ``cooldown``
     steps run whole again (their small updates are where stale activations show most); ``extrapolate=1``
-    carries the stale activations on linearly to the current timestep. Example:
-    ``parallel(mode=async,devices=2,extrapolate=1)``."""
+    carries the stale activations on linearly to the current timestep; ``balance=layers`` cuts the layers into
+    stages of equal count instead of equal measured time (the same cut, hence the same images, on any machine
+    and load). Example: ``parallel(mode=async,devices=2,extrapolate=1)``."""
 
     mode: Literal["async"] = "async"
     devices: int = option(2, ge=1)
@@ -85,6 +86,7 @@ class ParallelAsync(ParallelConfig):
     stride: int = option(1, ge=1)
     cooldown: int = option(0, ge=0)
     extrapolate: int = option(0, choices=(0, 1))
+    balance: Literal["time", "layers"] = "time"
 
     touches = frozenset({"denoiser.forward", "denoiser.blocks"})
     exclusive = frozenset({"denoiser.blocks"})  # deepcache and blockcache hook the same blocks

@@ -118,6 +118,8 @@ class AsyncState:
         self.stages, self.warmup, self.stride = config.stage_count(), config.warmup, config.stride
         self.cooldown, self.extrapolate = config.cooldown, config.extrapolate
         self.trace, self.plan, self.settling = Trace(), None, Settling()
+        self.by_time = config.balance == "time"  # else: equal layer counts, never re-cut
+        self.settling.active = self.by_time
         self.exchange: Exchange = OverlappedExchange() if self.stages == 2 else BlockingExchange()
         self.extra = Extrapolation()
         self.cache: dict[str, object] = {}  # each unit's latest output known on this rank
@@ -155,6 +157,8 @@ class AsyncState:
         self.batch = batch
         if not self.sequential and self.plan is None:
             costs = torch.tensor(self.trace.fastest(), dtype=torch.float64)
+            if not self.by_time:
+                costs.fill_(1.0)
             with peers("parallel(mode=async)", ctx):  # one timing for all: identical cuts
                 dist.broadcast(costs, src=self.ranks[0], group=self.group)
             self.use(Plan.cut(self.trace, costs.tolist(), self.stages, batch))
