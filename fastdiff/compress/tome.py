@@ -47,68 +47,88 @@ class MergePlan:
     """One bipartite matching: ``merge`` (B, N, C) -> (B, N - r, C) and ``unmerge`` back to (B, N, C).
 
     The values equal tomesd's ``bipartite_soft_matching_random2d``; the indexing is ours because it is the
-    overhead that eats the saving on CPU: flat ``index_select``/``index_add_`` instead of expanded ``gather``/
-    ``scatter_reduce``, and unmerge as one row gather.
+    overhead that eats the saving: every merge and unmerge is flat row gathers (``index_select``/``index_add_``)
+    prepared here in few operations, with the batch offsets kept per shape (``constants``).
     """
 
-    def __init__(self, metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int, generator=None):
+    def __init__(self, metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int, generator=None, constants=None):
         B, N, _ = metric.shape
         device = metric.device
-        hsy, wsx = h // sy, w // sx
         with torch.no_grad():
-            # One dst per (sy, sx) cell (random with a generator, else the top-left token), as tomesd does.
-            if generator is not None:
-                cell = torch.randint(sy * sx, (hsy, wsx, 1), generator=generator).to(device)
-            else:
-                cell = torch.zeros(hsy, wsx, 1, dtype=torch.int64, device=device)
-            view = torch.zeros(hsy, wsx, sy * sx, dtype=torch.int64, device=device)
-            view.scatter_(2, cell, -torch.ones_like(cell))
-            view = view.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
-            if hsy * sy < h or wsx * sx < w:  # the grid does not divide by the strides: the rest is src
-                full = torch.zeros(h, w, dtype=torch.int64, device=device)
-                full[: hsy * sy, : wsx * sx] = view
-                view = full
-            order = view.reshape(1, -1, 1).argsort(dim=1).view(-1)  # dst (-1) first, then src (0)
-            num_dst = hsy * wsx
-            a_idx, b_idx = order[num_dst:], order[:num_dst]
-
+            a_idx, b_idx = _dst_split(h, w, sx, sy, generator, device)
+            num_dst = b_idx.numel()
+            r = min(a_idx.numel(), r)
+            M = N - r  # tokens after merging: unmerged src, then dst
+            unm_len = M - num_dst
+            const = _constants(constants, B, N, num_dst, r, device)
             metric = metric / metric.norm(dim=-1, keepdim=True)
             scores = metric.index_select(1, a_idx) @ metric.index_select(1, b_idx).transpose(-1, -2)
-            r = min(a_idx.numel(), r)
             node_max, node_idx = scores.max(dim=-1)  # one pass for best value and dst (no copy of the rows)
             edge_idx = node_max.argsort(dim=-1, descending=True)  # src rows, most similar first
-            unm_rows, src_rows = edge_idx[:, r:], edge_idx[:, :r]
-            batch = torch.arange(B, device=device)[:, None]
-            dst_idx = node_idx.gather(1, src_rows)
-            unm_len = unm_rows.shape[1]
-            self.unm_flat = (a_idx[unm_rows] + batch * N).view(-1)
-            src_tokens = a_idx[src_rows]
-            self.src_flat = (src_tokens + batch * N).view(-1)
-            self.dst_tokens = b_idx
-            self.dst_flat = (dst_idx + batch * num_dst).view(-1)
-            self.counts = torch.ones(B * num_dst, device=device).index_add_(
-                0, self.dst_flat, torch.ones(B * r, device=device)
-            )[:, None]
-            # Row of each token after merging: unmerged src, then dst; a merged src reads its dst.
-            source = torch.empty(B, N, dtype=torch.int64, device=device)
-            arange = torch.arange(unm_len + num_dst, device=device)
-            source.scatter_(1, a_idx[unm_rows], arange[:unm_len].expand(B, -1))
-            source[:, b_idx] = arange[unm_len:]
-            source.scatter_(1, src_tokens, unm_len + dst_idx)
-            self.source_flat = (source + batch * (unm_len + num_dst)).view(-1)
-        self.r, self.batch, self.tokens, self.unm_len = r, B, N, unm_len
+            src_rows = edge_idx[:, :r]
+            tokens = a_idx[edge_idx]  # src tokens, most similar first
+            dst_row = node_idx.gather(1, src_rows) + unm_len  # merged row of each merged src token
+            flat = tokens + const["offset_in"]
+            self.src_flat = flat[:, :r].reshape(-1)
+            # merged rows as flat input rows: the unmerged src tokens, then the dst tokens
+            self.keep_flat = torch.cat([flat[:, r:], b_idx + const["offset_in"]], dim=1).view(-1)
+            self.add_flat = (dst_row + const["offset_out"]).view(-1)
+            self.counts = const["ones_out"].clone().index_add_(0, self.add_flat, const["ones_src"])[:, None]
+            # row of each token after merging: a merged src reads its dst
+            where = torch.cat([tokens, b_idx.expand(B, -1)], dim=1)
+            rows = torch.cat([dst_row, const["unm_rows"], const["dst_rows"]], dim=1)
+            source = torch.empty(B, N, dtype=torch.int64, device=device).scatter_(1, where, rows)
+            self.source_flat = (source + const["offset_out"]).view(-1)
+        self.r, self.batch, self.tokens, self.merged = r, B, N, M
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         B, N, c = x.shape
         flat = x.reshape(B * N, c)
-        unm = flat.index_select(0, self.unm_flat).view(B, self.unm_len, c)
-        dst = x.index_select(1, self.dst_tokens).reshape(-1, c)
-        dst = dst.index_add_(0, self.dst_flat, flat.index_select(0, self.src_flat)) / self.counts.to(x.dtype)
-        return torch.cat([unm, dst.view(B, -1, c)], dim=1)
+        out = flat.index_select(0, self.keep_flat).index_add_(0, self.add_flat, flat.index_select(0, self.src_flat))
+        return (out / self.counts.to(x.dtype)).view(B, self.merged, c)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         B, _, c = x.shape
         return x.reshape(-1, c).index_select(0, self.source_flat).view(B, self.tokens, c)
+
+
+def _dst_split(h: int, w: int, sx: int, sy: int, generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """src and dst token indices: one dst per (sy, sx) cell (random with a generator, else the top-left token),
+    ordered as tomesd's argsort orders them (its sort is not stable, so the same tensor is sorted)."""
+    hsy, wsx = h // sy, w // sx
+    if generator is not None:
+        cell = torch.randint(sy * sx, (hsy, wsx, 1), generator=generator).to(device)
+    else:
+        cell = torch.zeros(hsy, wsx, 1, dtype=torch.int64, device=device)
+    view = -(torch.arange(sy * sx, device=device) == cell).long()  # -1 at the dst of each cell
+    view = view.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
+    if hsy * sy < h or wsx * sx < w:  # the grid does not divide by the strides: the rest is src
+        full = torch.zeros(h, w, dtype=torch.int64, device=device)
+        full[: hsy * sy, : wsx * sx] = view
+        view = full
+    order = view.reshape(1, -1, 1).argsort(dim=1).view(-1)  # dst (-1) first, then src (0)
+    return order[hsy * wsx :], order[: hsy * wsx]
+
+
+def _constants(cache: dict | None, B: int, N: int, num_dst: int, r: int, device) -> dict[str, torch.Tensor]:
+    """The tensors a plan needs that depend only on its shape (kept in ``cache`` across plans)."""
+    key = (B, N, num_dst, r, device)
+    if cache is not None and key in cache:
+        return cache[key]
+    M = N - r
+    batch = torch.arange(B, device=device)[:, None]
+    rows = torch.arange(M, device=device)
+    const = {
+        "offset_in": batch * N,
+        "offset_out": batch * M,
+        "ones_out": torch.ones(B * M, device=device),
+        "ones_src": torch.ones(B * r, device=device),
+        "unm_rows": rows[: M - num_dst].expand(B, -1),
+        "dst_rows": rows[M - num_dst :].expand(B, -1),
+    }
+    if cache is not None:
+        cache[key] = const
+    return const
 
 
 class _State:
@@ -118,6 +138,7 @@ class _State:
         self.config, self.context, self.patch = config, context, patch
         self.size: tuple[int, int] | None = None
         self.generator = torch.Generator().manual_seed(_SEED)  # reseeded at each call (_SizeHook.reset_state)
+        self.constants: dict = {}  # shape-only tensors of the plans (MergePlan's ``constants``)
 
     def plan(self, tokens: torch.Tensor, level: int, size: tuple[int, int] | None = None) -> MergePlan | None:
         if size is None and self.size is None:  # called outside a denoiser call: nothing to size the grid by
@@ -132,7 +153,7 @@ class _State:
         # tomesd: an odd batch cannot hold both guidance branches; random dst then causes artifacts.
         generator = self.generator if c.use_rand and tokens.shape[0] % 2 == 0 else None
         r = int(tokens.shape[1] * c.ratio)
-        return MergePlan(tokens, h, w, c.sx, c.sy, r, generator) if r > 0 else None
+        return MergePlan(tokens, h, w, c.sx, c.sy, r, generator, self.constants) if r > 0 else None
 
 
 class _SizeHook(StatefulHook):
