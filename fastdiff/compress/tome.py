@@ -79,7 +79,7 @@ class MergePlan:
             rows = torch.cat([dst_row, const["unm_rows"], const["dst_rows"]], dim=1)
             source = torch.empty(B, N, dtype=torch.int64, device=device).scatter_(1, where, rows)
             self.source_flat = (source + const["offset_out"]).view(-1)
-        self.r, self.batch, self.tokens, self.merged = r, B, N, M
+        self.r, self.tokens, self.merged = r, N, M
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         B, N, c = x.shape

@@ -32,8 +32,8 @@ class Settling:
     looks cheaper than it is once both compute, hence the rounds), until the stages are within ``BALANCED`` of
     each other, the cut stops changing, or ``MAX_RECUTS`` re-cuts were made."""
 
-    def __init__(self):
-        self.active = True  # own units are timed in staged steps; the cut may still change
+    def __init__(self, active: bool = True):
+        self.active = active  # own units are timed in staged steps; the cut may still change
         self.times: dict[str, list[float]] = {}  # own units' seconds in the staged steps since the last cut
         self.due = False  # timings of an earlier call wait to be judged
         self.recuts: list[dict[str, int]] = []  # the cuts made on staged timings, in order
@@ -117,9 +117,8 @@ class AsyncState:
         self.context, self.stage, self.ranks, self.group = context, stage, ranks, group
         self.stages, self.warmup, self.stride = config.stage_count(), config.warmup, config.stride
         self.cooldown, self.extrapolate = config.cooldown, config.extrapolate
-        self.trace, self.plan, self.settling = Trace(), None, Settling()
-        self.by_time = config.balance == "time"  # else: equal layer counts, never re-cut
-        self.settling.active = self.by_time
+        self.by_time = config.balance == "time"  # else: equal layer counts, cut once and never re-cut
+        self.trace, self.plan, self.settling = Trace(), None, Settling(active=self.by_time)
         self.exchange: Exchange = OverlappedExchange() if self.stages == 2 else BlockingExchange()
         self.extra = Extrapolation()
         self.cache: dict[str, object] = {}  # each unit's latest output known on this rank
@@ -156,9 +155,8 @@ class AsyncState:
         self.sequential |= bool(self.plan and self.plan.split) and (batch or 0) < 2  # no rows to share
         self.batch = batch
         if not self.sequential and self.plan is None:
-            costs = torch.tensor(self.trace.fastest(), dtype=torch.float64)
-            if not self.by_time:
-                costs.fill_(1.0)
+            fastest = self.trace.fastest() if self.by_time else [1.0] * len(self.trace.order)
+            costs = torch.tensor(fastest, dtype=torch.float64)
             with peers("parallel(mode=async)", ctx):  # one timing for all: identical cuts
                 dist.broadcast(costs, src=self.ranks[0], group=self.group)
             self.use(Plan.cut(self.trace, costs.tolist(), self.stages, batch))
