@@ -1,8 +1,9 @@
 """The overlapped exchange against the blocking one, in one launch: digits async calls (500 images, guidance 2,
 dpm++2m 20, ``warmup=2,extrapolate=1``) alternating the overlapped and the blocking exchange strategy once the cut has settled, the
-order swapped every pair; the images must be identical. Run alone, under the shared lock::
+order swapped every pair; the images must be identical. ``speedup`` is blocking / overlapped (ratio of the
+medians; ``speedup_min`` / ``_max`` over the pairs). Run alone, under the shared lock::
 
-    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_overlap_ab.py --pairs 2
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/parallel_async_overlap_ab.py --pairs 3
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from parallel_async_profile import digits_bench_call  # benchmarks/ is the script's directory
 
+from fastdiff.eval.bench import ratio_spread
 from fastdiff.eval.record import write_record
 from fastdiff.parallel.async_exchange import BlockingExchange, OverlappedExchange
 from fastdiff.parallel.launch import launch
@@ -48,12 +50,13 @@ def alternate(rank: int, world: int, model: str, call: dict, pairs: int) -> dict
             state.set_exchange(OverlappedExchange() if arm == "overlapped" else BlockingExchange())
             took, images[arm] = one()
             seconds[arm].append(round(took, 2))
-    return {**seconds, "identical": bool((images["overlapped"] == images["blocking"]).all())}
+    spread = ratio_spread(seconds["overlapped"], seconds["blocking"])  # blocking / overlapped, per pair
+    return {**seconds, **spread, "identical": bool((images["overlapped"] == images["blocking"]).all())}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "parallel_async_overlap_ab.json")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
     args = parser.parse_args()
