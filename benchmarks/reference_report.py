@@ -1,18 +1,17 @@
-"""Render benchmarks/reference.md from the digits-reference bench JSONs (guidance 1 and 2).
+"""Render benchmarks/reference.md's sampler tables from the digits-reference bench JSONs.
 
-Run (the JSONs come from, for g in 1 2):
+The shipped model's rows (guidance 1 and 2), on `fastdiff zoo build digits .fastdiff-cache/digits --size bench`:
+  fastdiff bench .fastdiff-cache/digits --threads 1 --runs 3 --guidance $g \\
+    --config 'ddim50=scheduler(name=ddim,steps=50)' --config 'ddim20=scheduler(name=ddim,steps=20)' \\
+    --config 'ddim10=scheduler(name=ddim,steps=10)' --config 'dpm++2m20=scheduler(name=dpm++2m,steps=20)' \\
+    --config 'dpm++2m10=scheduler(name=dpm++2m,steps=10)' --config 'dpm++2m5=scheduler(name=dpm++2m,steps=5)' \\
+    --config 'unipc10=scheduler(name=unipc,steps=10)' --config 'unipc5=scheduler(name=unipc,steps=5)' \\
+    --json benchmarks/results/reference_shipped_g$g.json
+(each ratio with its rounds' range; the files record the exact command). DDPM 1000 (the slow end), measured on
+an earlier build of the reference:
   fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \\
-    --config ddim50="scheduler(name=ddim,steps=50)" --config ddim20="scheduler(name=ddim,steps=20)" \\
-    --config ddim10="scheduler(name=ddim,steps=10)" --config dpm++2m20="scheduler(name=dpm++2m,steps=20)" \\
-    --config dpm++2m10="scheduler(name=dpm++2m,steps=10)" --config dpm++2m5="scheduler(name=dpm++2m,steps=5)" \\
-    --config unipc10="scheduler(name=unipc,steps=10)" --config unipc5="scheduler(name=unipc,steps=5)" \\
-    --json benchmarks/results/reference_g$g.json
-  fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \
     --config ddpm1000="scheduler(name=ddpm,steps=1000)" --json benchmarks/results/reference_ddpm_g$g.json
-then:  python benchmarks/reference_report.py   (prints the table of benchmarks/reference.md)
-The shipped model's table: python benchmarks/reference_report.py benchmarks/results/reference_shipped_g1.json
-(that JSON from the first command above with --runs 3 and the warm-up, each ratio with its rounds' range, run on
-`fastdiff zoo build digits .fastdiff-cache/digits --size bench`, guidance 1; the file records the exact command).
+then:  python benchmarks/reference_report.py   (prints the table), or with given bench JSONs as arguments.
 """
 
 import json
@@ -30,7 +29,7 @@ def main(paths: list[str]) -> None:
         guidance = result["settings"]["inputs"].get("guidance_scale", 1.0)
         _rows(result, int(guidance) if float(guidance).is_integer() else guidance)
     for guidance in () if paths else (1, 2):
-        for path in (RESULTS / f"reference_ddpm_g{guidance}.json", RESULTS / f"reference_g{guidance}.json"):
+        for path in (RESULTS / f"reference_shipped_g{guidance}.json", RESULTS / f"reference_ddpm_g{guidance}.json"):
             if path.exists():
                 _rows(json.loads(path.read_text()), guidance)
 
