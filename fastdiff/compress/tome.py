@@ -61,6 +61,7 @@ class MergePlan:
             M = N - r  # tokens after merging: unmerged src, then dst
             unm_len = M - num_dst
             const = _constants(constants, B, N, num_dst, r, device)
+            metric = metric.contiguous()  # a block input is often a strided view (B, HW, C): norms on it are slow
             metric = metric / metric.norm(dim=-1, keepdim=True)
             scores = metric.index_select(1, a_idx) @ metric.index_select(1, b_idx).transpose(-1, -2)
             node_max, node_idx = scores.max(dim=-1)  # one pass for best value and dst (no copy of the rows)
