@@ -14,7 +14,9 @@ Model: tiny-sd at bench size. For each setting (sampler steps, guidance scale, i
   ``--layouts 3:2`` also runs 3 processes with 2 denoiser replicas (text + VAE on the third, nearly idle one).
 
 Both get one untimed warm-up request; worker start-up is not timed (it is reported). Requests differ in
-prompt and seed. The images of the two runs are compared (max absolute difference, pixels in [0, 1]).
+prompt and seed. ``--runs`` rounds alternate the two (sequential, then each layout), so a drift of the machine
+falls on both; the speedup is the ratio of the medians, with the spread of the ratios within a round. The
+images are compared with the sequential ones (max absolute difference, pixels in [0, 1]).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from fastdiff import FastPipeline
+from fastdiff.eval.bench import ratio_spread
 from fastdiff.eval.record import write_record
 from fastdiff.parallel.launch import retain_freed_memory
 from fastdiff.serving.stage_workers import STAGE_FUNCTIONS, STAGES
@@ -105,6 +108,49 @@ def pipelined(
     return seconds, startup, images
 
 
+def layout_key(layout: str) -> tuple[str, int, int]:
+    devices, _, denoisers = layout.partition(":")
+    devices, denoisers = int(devices), int(denoisers or 1)
+    return f"pipelined_{devices}" + (f"_{denoisers}_denoisers" if denoisers > 1 else ""), devices, denoisers
+
+
+def compare(fp, model, specs: str, args, guidance: float, size: int) -> dict:
+    """``--runs`` rounds, each the requests one after another, then through every layout: medians and the
+    speedups' spread (ratios within a round)."""
+    sequential_s: list[float] = []
+    piped: dict[str, dict] = {}
+    for _ in range(args.runs):
+        seconds, reference = sequential(fp, args.requests, guidance, size)
+        sequential_s.append(seconds)
+        for layout in args.layouts:
+            key, devices, denoisers = layout_key(layout)
+            par_seconds, startup, images = pipelined(model, specs, devices, args.requests, guidance, size, denoisers)
+            row = piped.setdefault(key, {"seconds_all": [], "startup_seconds_all": [], "max_abs_difference": 0.0})
+            row["seconds_all"].append(par_seconds)
+            row["startup_seconds_all"].append(startup)
+            diff = max(float(np.abs(a - b).max()) for a, b in zip(images, reference))
+            row["max_abs_difference"] = max(row["max_abs_difference"], diff)
+            print(key, f"{seconds:.1f} s one after another, {par_seconds:.1f} s pipelined", flush=True)
+    result: dict = {
+        "requests": args.requests,
+        "runs": args.runs,
+        "sequential": {
+            "seconds": statistics.median(sequential_s),
+            "seconds_all": sequential_s,
+            "images_per_s": args.requests / statistics.median(sequential_s),
+        },
+    }
+    for key, row in piped.items():
+        median = statistics.median(row["seconds_all"])
+        result[key] = {
+            "seconds": median,
+            **row,
+            "images_per_s": args.requests / median,
+            **ratio_spread(row["seconds_all"], sequential_s, "speedup"),
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS)[:3], choices=list(SETTINGS))
@@ -112,6 +158,7 @@ def main() -> None:
     parser.add_argument(
         "--layouts", nargs="+", default=["2", "3"], help="DEVICES or DEVICES:DENOISERS (3:2: two denoiser replicas)"
     )
+    parser.add_argument("--runs", type=int, default=3, help="rounds of sequential, then every layout")
     parser.add_argument("--split-requests", type=int, default=3)
     parser.add_argument("--split-only", action="store_true", help="measure the time split only")
     parser.add_argument("--cache", type=Path, default=Path(".fastdiff-cache"))
@@ -120,9 +167,10 @@ def main() -> None:
     torch.set_num_threads(1)
     retain_freed_memory()  # the sequential runs here, with the same malloc settings as launch()'s workers
     model = build("tiny-sd", args.cache / "tiny-sd-bench", size="bench")
-    out = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    out.setdefault("settings", {})
-    out["machine"] = "2-core CPU, 1 torch thread per process; startup (spawn, load, apply) not timed"
+    out: dict = {
+        "machine": "2-core CPU, 1 torch thread per process; startup (spawn, load, apply) not timed",
+        "settings": {},
+    }
     for name in args.settings:
         steps, guidance, size = SETTINGS[name]
         specs = f"scheduler(name=dpm++2m,steps={steps})"
@@ -136,30 +184,11 @@ def main() -> None:
         }
         print(name, json.dumps(result["split"]), flush=True)
         if not args.split_only:
-            seconds, reference = sequential(fp, args.requests, guidance, size)
-            result["requests"] = args.requests
-            result["sequential"] = {"seconds": seconds, "images_per_s": args.requests / seconds}
-            for name_of_layout in args.layouts:
-                devices, _, denoisers = name_of_layout.partition(":")
-                devices, denoisers = int(devices), int(denoisers or 1)
-                par_seconds, startup, images = pipelined(
-                    model, specs, devices, args.requests, guidance, size, denoisers
-                )
-                diff = max(float(np.abs(a - b).max()) for a, b in zip(images, reference))
-                key = f"pipelined_{devices}" + (f"_{denoisers}_denoisers" if denoisers > 1 else "")
-                result[key] = {
-                    "seconds": par_seconds,
-                    "startup_seconds": startup,
-                    "images_per_s": args.requests / par_seconds,
-                    "speedup": seconds / par_seconds,
-                    "runs": 1,
-                    "max_abs_difference": diff,
-                }
-                print(name, key, json.dumps(result[key]), flush=True)
+            result.update(compare(fp, model, specs, args, guidance, size))
         result["load_average_after"] = os.getloadavg()  # other jobs on the machine would show here
-        out["settings"][name] = {**out["settings"].get(name, {}), **result}
+        out["settings"][name] = result
         args.out.parent.mkdir(exist_ok=True)
-        write_record(args.out, out, benchmark="stage_pipeline", indent=2)
+        write_record(args.out, out, benchmark="stage_pipeline", indent=2)  # after each setting: nothing lost
 
 
 if __name__ == "__main__":
