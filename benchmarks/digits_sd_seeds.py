@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for guidance in args.guidance:
         for seed in args.seeds:
-            result = run_bench(
+            bench = run_bench(
                 args.model,
                 [("dpm++2m 20", DPM)],
                 steps=None,
@@ -46,18 +46,18 @@ def main(argv: list[str] | None = None) -> None:
                 guidance=guidance,
                 warmup=False,
             )
-            config = result["configs"][0]
+            config = bench["configs"][0]
             row = {"guidance": guidance, "seed": seed, **{k: config.get(k) for k in KEPT}}
             rows.append({**row, "seconds": config["seconds_median"]})
             print(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()))
-    result = {
+    record = {
         "model": str(args.model),
         "sampler": DPM,
         "images": args.batch,
         "target": "guidance 5: accuracy >= 95%, FD <= 3x its floor",
         "runs": rows,
     }
-    write_record(args.out, result, benchmark="digits_sd_seeds")
+    write_record(args.out, record, benchmark="digits_sd_seeds")
 
 
 if __name__ == "__main__":
