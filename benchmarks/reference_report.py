@@ -7,8 +7,8 @@ The shipped model's rows (guidance 1 and 2), on `fastdiff zoo build digits .fast
     --config 'dpm++2m10=scheduler(name=dpm++2m,steps=10)' --config 'dpm++2m5=scheduler(name=dpm++2m,steps=5)' \\
     --config 'unipc10=scheduler(name=unipc,steps=10)' --config 'unipc5=scheduler(name=unipc,steps=5)' \\
     --json benchmarks/results/reference_shipped_g$g.json
-(each ratio with its rounds' range; the files record the exact command). DDPM 1000 (the slow end): guidance 1
-on the shipped model, guidance 2 measured on an earlier build of the reference only:
+(each ratio with its rounds' range; the files record the exact command). DDPM 1000 (the slow end), on the
+shipped model at guidance 1 and 2:
   fastdiff bench .fastdiff-cache/digits --threads 1 --runs 1 --no-warmup --guidance $g \\
     --config ddpm1000="scheduler(name=ddpm,steps=1000)" --json benchmarks/results/reference_ddpm_g$g.json
 then:  python benchmarks/reference_report.py   (prints the table), or with given bench JSONs as arguments.
