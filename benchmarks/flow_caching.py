@@ -264,10 +264,10 @@ def main() -> None:
     base = model_prompts(fp.pipe)
     prompts = [base[i % len(base)] for i in range(args.images)]
     texts = [c.split("=", 1) for c in args.config]
-    ratios = (
+    mag_ratios = (
         calibrate_magcache(fp, prompts[: args.warmup_images]) if any("hf-magcache" in t for _, t in texts) else None
     )
-    configs = {name: setting(text, ratios) for name, text in texts}
+    configs = {name: setting(text, mag_ratios) for name, text in texts}
     rows = {name: {"name": name, "setting": text, "cpu_seconds": []} for name, text in texts}
     for name, config in configs.items():  # warm-up, and the computed fraction on a small batch
         rows[name]["computed_warmup"] = run(fp, config, prompts[: args.warmup_images])[2]
@@ -289,8 +289,8 @@ def main() -> None:
         row["computed_warmup"] = round(row["computed_warmup"] / calls_warmup, 4)
     for row in rows.values():
         row["cpu_median"] = float(np.median(row["cpu_seconds"]))
-        ratios = ratio_spread(row["cpu_seconds"], first["cpu_seconds"], baseline=row is first)
-        row.update({k: round(v, 3) if isinstance(v, float) else v for k, v in ratios.items()})
+        speed = ratio_spread(row["cpu_seconds"], first["cpu_seconds"], baseline=row is first)
+        row.update({k: round(v, 3) if isinstance(v, float) else v for k, v in speed.items()})
         row["psnr"] = None if row is first else round(psnr(row["images"], first["images"]), 2)
     spread = fd_differences(fp, rows, args.fd_bootstrap, args.compare) if args.fd_bootstrap else None
     for row in rows.values():
@@ -305,7 +305,7 @@ def main() -> None:
         "runs": args.runs,
         "seed": args.seed,
         "threads": 1,
-        "mag_ratios": ratios,
+        "mag_ratios": mag_ratios,
         "rows": list(rows.values()),
     }
     if spread:

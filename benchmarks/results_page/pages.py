@@ -163,6 +163,9 @@ def provenance(stem: str, d: Any) -> list[str]:
 
 
 def render_file(stem: str, d: Any) -> str:
+    errata = SECTIONS[stem].errata if stem in SECTIONS else {}
+    if errata and isinstance(d, dict):
+        d = {**d, **{key: f"{note} (erratum)" for key, note in errata.items() if key in d}}
     try:
         return render(d)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:

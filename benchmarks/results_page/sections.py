@@ -1,10 +1,10 @@
-"""What each results file is (``sections.json``): its group on the results page, title, script and description;
-and the page's opening paragraphs."""
+"""What each results file is (``sections.json``): its group on the results page, title, script, description and
+errata; and the page's opening paragraphs."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -14,6 +14,8 @@ class Section:
     title: str
     script: str
     what: str
+    # field -> what to show instead: a field a script recorded wrongly (the file stays as its run wrote it)
+    errata: dict[str, str] = field(default_factory=dict)
 
 
 _DATA = json.loads((Path(__file__).with_name("sections.json")).read_text())

@@ -150,6 +150,17 @@ def test_every_results_file_has_a_described_section(rp):
     assert not set(sections) - stems, f"sections without a results file: {sorted(set(sections) - stems)}"
 
 
+def test_an_erratum_shows_in_place_of_the_field_it_names(monkeypatch, rp):
+    pages = rp.pages
+    section = pages.SECTIONS["flow_caching_first_block"]
+    monkeypatch.setitem(pages.SECTIONS, "x", section)
+    d = {"model": "m", "mag_ratios": {"speedup": 1.87, "speedup_min": 1.8, "speedup_max": 1.9}}
+    page = pages.render_file("x", d)
+    assert f"mag ratios: {section.errata['mag_ratios']} (erratum)" in page and "1.87" not in page
+    assert d["mag_ratios"]["speedup"] == 1.87  # the record itself is left as written
+    assert "1.87" in pages.render_file("flow_caching", {"speedup": 1.87})  # a field without an erratum
+
+
 def test_results_page_modules_stay_small():
     for module in sorted((ROOT / "benchmarks" / "results_page").glob("*.py")):
         lines = len(module.read_text().splitlines())
