@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Teacher vs distilled students of the digits reference, at guidance 2 and 1: one `fastdiff bench` run each.
 # Usage: benchmarks/distill_bench.sh [STUDENTS_ROOT]  (what benchmarks/train_students.sh wrote)
-# One timed call of 500 images per config after an untimed warm-up call, one torch thread: about 12 minutes.
+# Three alternating timed rounds of 500 images per config after an untimed warm-up call, one torch thread
+# (min and max kept for every ratio): about 36 minutes.
 # Then:  python benchmarks/distill_table.py --students ROOT   (markdown tables for the README from the JSON)
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-students}
@@ -13,7 +14,7 @@ bench() {  # bench GUIDANCE TAG
   for k in 8 4 2 1; do cfgs+=(--config "progressive $k=student(path=$ROOT/progressive-$tag/steps-$k)"); done
   for k in 8 4 2 1; do cfgs+=(--config "consistency $k=student(path=$ROOT/$3,steps=$k,unvalidated=true)"); done  # every count, validated or not
   [ "$tag" = g2 ] && cfgs+=(--config "LCM-LoRA 4=lcm-lora(path=$ROOT/lcm-lora-g2,steps=4)")
-  $FD bench "$ROOT/digits" --guidance "$g" --threads 1 --runs 1 --seed 0 --json "$OUT/distill_$tag.json" "${cfgs[@]}"
+  $FD bench "$ROOT/digits" --guidance "$g" --threads 1 --runs 3 --seed 0 --json "$OUT/distill_$tag.json" "${cfgs[@]}"
 }
 bench 2 g2 cons-g2
 bench 1 g1 consistency-g1
