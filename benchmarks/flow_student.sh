@@ -1,6 +1,7 @@
 #!/bin/sh
 # Few-step use of a flow model: a 4-step progressive student of digits-flow (flow Euler 16 -> 8 -> 4 steps,
-# guidance 1.5 baked in), then one `fastdiff bench` run, one timed call per config after an untimed warm-up:
+# guidance 1.5 baked in), then one `fastdiff bench` run, three alternating timed rounds per config (min and max
+# kept for every ratio) after an untimed warm-up:
 # the teacher at 28 and at 4 steps, the student, and the student under each accelerator that applies to it, with
 # accuracy and FD on every row (weight changers such as quantize are refused beside a student: both change the
 # denoiser's weights). Results: benchmarks/results/flow_student.json (student training:
@@ -20,7 +21,7 @@ if ! grep -qs '"done": true' "$root/student/fastdiff_distill.json"; then
     --steps-per-round "${ROUND_STEPS:-150}" --batch "${BATCH:-8}" --pool "${POOL:-128}" --save-every 100 $resume
 fi
 s="student(path=$root/student/steps-4)"
-$fd bench "$root/digits-flow" --guidance 1.5 --threads 1 --runs 1 --seed 0 --batch "$images" \
+$fd bench "$root/digits-flow" --guidance 1.5 --threads 1 --runs 3 --seed 0 --batch "$images" \
   --json "${OUT:-benchmarks/results/flow_student.json}" \
   --config "teacher flow-euler 28=scheduler(name=flow-euler,steps=28)" \
   --config "teacher flow-euler 4=scheduler(name=flow-euler,steps=4)" \
