@@ -76,6 +76,8 @@ def bench_table(result: dict) -> str:
 def training_table(records: dict) -> str:
     lines = ["| student | training steps | wall time | peak memory | device |", "|---|---|---|---|---|"]
     for name, r in records.items():
+        if name not in STUDENTS:  # the record's provenance (command, commit, date, ...)
+            continue
         lines.append(
             f"| {name} | {r['train_steps']} | {r['wall_seconds'] / 60:.1f} min | "
             f"{r['peak_memory_mib']:.0f} MiB | {', '.join(r['device'])} |"

@@ -152,7 +152,7 @@ def h_student(r):
     return _compared(
         c,
         base,
-        f"{fx(c['cpu_speedup'], 1)} vs DDIM 50 (consistency, 4 steps); {fx(c['cpu_speedup'] / best['cpu_speedup'], 1)}"
+        f"{spread(_paired(c, base), 'x')} vs DDIM 50 (consistency, 4 steps); {spread(_paired(c, best), 'x')}"
         f" vs the teacher's dpm++2m 10 (FD {best['fd']:.2f}, the fastest plain sampler at DDIM 50's quality)",
         "digits, guidance 2",
         "DDIM 50",
@@ -197,25 +197,24 @@ class Headline:
     figure: Callable[[dict], tuple[str, str, str]] | None
 
 
+def _paired(c: dict, base: dict) -> dict:
+    """``c`` against ``base`` of one ``fastdiff bench`` run as a ``spread`` row: the CPU-time ratio of their medians,
+    the range of the ratios of runs taken in the same round, "level" where runs overlap (fewer than 3 runs per
+    config: the ratio of their recorded speedups, no range)."""
+    mine, theirs = c.get("cpu_seconds") or [], base.get("cpu_seconds") or []
+    if min(len(mine), len(theirs)) < 3:  # fastdiff.eval.bench.ratio_spread's rule; the page imports no torch
+        return {"x": c["cpu_speedup"] / base["cpu_speedup"]}
+    paired = [b / m for b, m in zip(theirs, mine)]
+    faster = "faster" if max(mine) < min(theirs) else "slower"
+    verdict = "level" if min(mine) <= max(theirs) and min(theirs) <= max(mine) else faster
+    return {"x": median(theirs) / median(mine), "x_min": min(paired), "x_max": max(paired), "x_verdict": verdict}
+
+
 def _pair(r, source: str, name: str, base_name: str, model: str) -> tuple[str, str, str]:
-    """Config ``name`` of a ``fastdiff bench`` file against config ``base_name`` of the same run: the CPU-time
-    ratio of their medians, the range of the ratios of runs taken in the same round, "level" where runs overlap
-    (files with fewer than 3 runs per config: their recorded ratio, no range)."""
+    """Config ``name`` of a ``fastdiff bench`` file against config ``base_name`` of the same run (``_paired``)."""
     configs = r[source]["configs"]
     c, base = find(configs, "name", name), find(configs, "name", base_name)
-    mine, theirs = c.get("cpu_seconds") or [], base.get("cpu_seconds") or []
-    row: dict = {"x": c["cpu_speedup"] / base["cpu_speedup"]}
-    if min(len(mine), len(theirs)) >= 3:  # fastdiff.eval.bench.ratio_spread's rule; the page imports no torch
-        paired = [b / m for b, m in zip(theirs, mine)]
-        faster = "faster" if max(mine) < min(theirs) else "slower"
-        verdict = "level" if min(mine) <= max(theirs) and min(theirs) <= max(mine) else faster
-        row = {
-            "x": median(theirs) / median(mine),
-            "x_min": min(paired),
-            "x_max": max(paired),
-            "x_verdict": verdict,
-        }
-    return _compared(c, base, f"{spread(row, 'x')}, {name} vs {base_name}", model, base_name)
+    return _compared(c, base, f"{spread(_paired(c, base), 'x')}, {name} vs {base_name}", model, base_name)
 
 
 def _figure(name: str | None) -> Callable[[dict], tuple[str, str, str]] | None:
