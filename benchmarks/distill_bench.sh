@@ -2,7 +2,7 @@
 # Teacher vs distilled students of the digits reference, at guidance 2 and 1: one `fastdiff bench` run each.
 # Usage: benchmarks/distill_bench.sh [STUDENTS_ROOT]  (what benchmarks/train_students.sh wrote)
 # Three alternating timed rounds of 500 images per config after an untimed warm-up call, one torch thread
-# (min and max kept for every ratio): about 36 minutes.
+# (min and max kept for every ratio): 22 minutes for both scales on 2 CPU cores with nothing else running.
 # Then:  python benchmarks/distill_table.py --students ROOT   (markdown tables for the README from the JSON)
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-students}

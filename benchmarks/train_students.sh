@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Train every digits student that benchmarks/distill_bench.sh measures (README: Distillation).
 # Usage: benchmarks/train_students.sh [OUT_ROOT]   (default /tmp/fastdiff-students; re-running resumes)
-# Run with OMP_NUM_THREADS=1: on 2 CPU cores shared with other work the set took about 40 minutes of training
-# (README: Distillation has each run); each run's wall time and peak
-# memory are printed by /usr/bin/time and recorded in the student's fastdiff_distill.json.
+# Run with OMP_NUM_THREADS=1: on 2 CPU cores with nothing else running the set takes 29.5 minutes (docs/distillation.md
+# has each run); each run's wall time and peak memory are printed by /usr/bin/time and recorded in the student's
+# fastdiff_distill.json.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-students}
 FD=${FASTDIFF:-fastdiff}
