@@ -409,11 +409,14 @@ def test_lora_views_share_one_base_and_merge_into_the_generator(flow_teacher):
         with torch.no_grad():
             return type(module).forward(module, **inputs, return_dict=False)[0]
 
+    def same(a, b):  # float rounding only: 6e-7 apart on an Intel Xeon's kernels, identical on AMD EPYC
+        return torch.allclose(a, b, rtol=0, atol=1e-5)
+
     base = fp.denoiser
     views = add_adapters(base, rank=4)
     plain = out(original)
     for view in views.values():  # LoRA B starts at zero: every role computes what the teacher does
-        assert torch.equal(out(view), plain)
+        assert same(out(view), plain)
     assert not list(views["teacher"].parameters())
     generator = dict(views[GENERATOR].named_parameters())
     assert (
@@ -427,9 +430,7 @@ def test_lora_views_share_one_base_and_merge_into_the_generator(flow_teacher):
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     moved = out(views[GENERATOR])
     assert not torch.allclose(moved, plain)
-    assert torch.equal(out(views["teacher"]), plain) and torch.equal(
-        out(views[FAKE]), plain
-    )  # only the generator moved
+    assert same(out(views["teacher"]), plain) and same(out(views[FAKE]), plain)  # only the generator moved
     assert all(p.requires_grad for p in generator.values())  # switching adapters keeps every flag
     views[FAKE].requires_grad_(False)
     out(views[FAKE])
