@@ -15,9 +15,13 @@ hooks add per step show directly in the step time. Two measurements, one torch t
    difference between a 16- and an 8-step call, divided by 8, so per-call work drops out; median of the
    repeats, with min and max.
 
-3. **Peer**: diffusers' own First Block Cache (``FirstBlockCacheConfig``) on tiny-flux, under the same wrapper, its
-   hooks clocked the same way, beside fastdiff's ``blockcache(mode=first-block)`` on the same model (both rows
-   include the wrapper's step-context hook): what the algorithm costs when diffusers runs it.
+   A hooked module's own forward is taken out wherever it is called from: TeaCache's call of the first block's
+   adaLN layer counts as the model's (the block reuses that output on the steps it computes).
+3. **Peers**, under the same wrapper (their rows include its step-context hook): diffusers' own First Block Cache
+   (``FirstBlockCacheConfig``) on tiny-flux, its hooks clocked the same way, beside fastdiff's
+   ``blockcache(mode=first-block)``; tomesd 0.1.3's token merging on tiny-sd beside fastdiff's ``tome``
+   (tomesd patches block classes, so its matching and its merge and unmerge functions are clocked instead of
+   hooks): what the algorithm costs when the reference library runs it.
 
 Targets: <= 20 us per step with no accelerator, <= 100 us for hook-based accelerators.
 
@@ -44,6 +48,7 @@ UNET_SPECS = [
     "none",
     "deepcache(interval=3)",
     "tome(ratio=0.5)",
+    "tomesd apply_patch(ratio=0.5)",  # peer
     "cfg-interval(start=0.0,end=0.5)",
     "forecast(order=1,interval=2,warmup=2)",
     "promptcache",
@@ -56,9 +61,48 @@ SD3_SPECS = [
     "blockcache(mode=teacache,threshold=0.3)",
     "forecast(order=1,interval=2,warmup=2)",
 ]
-# diffusers' own First Block Cache beside fastdiff's, on Flux (SD3's transformer has no enable_cache in diffusers)
-PEERS = {"diffusers FirstBlockCacheConfig(threshold=0.1)": lambda: FirstBlockCacheConfig(threshold=0.1)}
-FLUX_SPECS = ["none", "blockcache(mode=first-block,threshold=0.1)", *PEERS]
+
+
+class MergeClock:
+    """tomesd's token merging, clocked: its ``compute_merge`` and the merge/unmerge functions it returns (benchmark
+    only; tomesd patches block classes, so there is no hook chain to clock)."""
+
+    def __init__(self, pipe) -> None:
+        import tomesd
+        from tomesd import patch
+
+        self.total, self.pipe, self.patch, self.compute = 0.0, pipe, patch, patch.compute_merge
+        patch.compute_merge = self.timed(lambda x, info: tuple(self.timed(f) for f in self.compute(x, info)))
+        tomesd.apply_patch(pipe, ratio=0.5)
+
+    def timed(self, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - start
+
+        return run
+
+    def close(self) -> None:
+        import tomesd
+
+        tomesd.remove_patch(self.pipe)
+        self.patch.compute_merge = self.compute
+
+
+def first_block_peer(pipe) -> None:
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+
+
+# peers beside fastdiff's rows: diffusers' own First Block Cache on Flux (SD3's transformer has no enable_cache in
+# diffusers; its hooks are named fbc_*), and tomesd's ToMe on SD
+PEERS = {
+    "diffusers FirstBlockCacheConfig(threshold=0.1)": first_block_peer,
+    "tomesd apply_patch(ratio=0.5)": MergeClock,
+}
+FLUX_SPECS = ["none", "blockcache(mode=first-block,threshold=0.1)", "diffusers FirstBlockCacheConfig(threshold=0.1)"]
 CALLS = {
     "tiny-sd": {"prompt": ["a cat", "a dog"], "output_type": "latent"},
     "tiny-sd3": {"prompt": ["a cat", "a dog"], "output_type": "latent", "height": 32, "width": 32},
@@ -167,8 +211,8 @@ def accelerator_cost(model: str, spec: str, repeats: int) -> dict:
     pipe.set_progress_bar_config(disable=True)
     peer = spec in PEERS
     fp = FastPipeline(pipe, accelerators=None if spec == "none" or peer else spec)
-    if peer:  # diffusers' own implementation, under the same wrapper (its step-context hook included)
-        pipe.transformer.enable_cache(PEERS[spec]())
+    # a peer's own implementation, under the same wrapper (its step-context hook included)
+    merges = PEERS[spec](pipe) if peer else None
     clock = HookClock()
     components = [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]
     modules = sum(clock.attach(m, peer="fbc_" if peer else None) for m in components)
@@ -176,10 +220,14 @@ def accelerator_cost(model: str, spec: str, repeats: int) -> dict:
 
     def hook_seconds(steps: int) -> float:
         clock.total = 0.0
+        if merges is not None:
+            merges.total = 0.0
         fp(**CALLS[model], num_inference_steps=steps)
-        return clock.total
+        return clock.total + (merges.total if merges is not None else 0.0)
 
     per_step = [(hook_seconds(16) - hook_seconds(8)) / 8 for _ in range(repeats)]
+    if merges is not None:
+        merges.close()
     return {
         "model": model,
         "spec": spec,

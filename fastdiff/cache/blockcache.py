@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.cache.blockcache_teacache import TeaHead, load_rescaling, modulation_of, read_fit
-from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
+from fastdiff.cache.blockcache_teacache import ReuseModulation, TeaHead, load_rescaling, modulation_of, read_fit
+from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, tail_residual, with_hidden
 from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.diffusers_compat import StatefulHook
@@ -125,14 +125,15 @@ class _Head(ModelHook):
             st.skipped += st.skip
         st.trace.append((st.step, change, st.skip))
         if st.skip:
-            return with_hidden(io, output, hidden + tail.get(st.branches))
+            return with_hidden(io, output, hidden + tail_residual(tail, st.branches))
         head.put(st.branches, st.step, residual)
         st.head_output = hidden
         return output
 
 
 class _Rest(ModelHook):
-    """First-block mode, on blocks 1..n-1: identity when skipped; the last block stores the tail residual."""
+    """First-block and teacache modes, on blocks 1..n-1: identity when skipped; the last block stores its image
+    states with the first block's (``tail_residual`` subtracts them only on a step that uses them)."""
 
     def __init__(self, state: _State, io, last: bool):
         super().__init__()
@@ -147,7 +148,7 @@ class _Rest(ModelHook):
             hidden = hidden_out(self.io, output)
             if st.joined:
                 hidden = hidden[:, -st.head_output.shape[1] :]
-            st.saved.store("tail").put(st.branches, st.step, hidden - st.head_output)
+            st.saved.store("tail").put(st.branches, st.step, [hidden, st.head_output])
         return output
 
 
@@ -231,7 +232,10 @@ class BlockCache(Accelerator):
         if self.mode != "interval":
             if self.mode == "teacache":
                 facts = modulation_of(blocks[0])
-                head = TeaHead(state, block_io(blocks[0]), load_rescaling(self.fit, model), facts)
+                reuse = None if len(facts) > 2 else ReuseModulation()  # the adaLN layer returns the modulated input
+                head = TeaHead(state, block_io(blocks[0]), load_rescaling(self.fit, model), facts, reuse)
+                if reuse is not None:
+                    targets.append((getattr(blocks[0], facts[0]), reuse))
             else:
                 head = _Head(state, block_io(blocks[0]))
             targets.append((blocks[0], head))

@@ -9,8 +9,9 @@ below ``threshold`` every block is skipped and the blocks' residual (output minu
 step is added instead; when it reaches the threshold the blocks run and the accumulator restarts. The first
 and last steps of a call always run. State is kept per guidance branch and cleared at every call.
 
-The modulated input is computed by the first block's own adaLN layer (``MODULATION`` facts), one cheap extra
-call per step, as in the reference implementation. ``fit_rescaling`` fits the polynomial for a model from full
+The modulated input is computed by the first block's own adaLN layer (``MODULATION`` facts), as in the reference
+implementation; where that layer returns it (adaLN norms: Flux, SD3, HunyuanVideo), a hook on the layer hands the
+output to the block when it runs, so a computed step calls the layer once, not twice. ``fit_rescaling`` fits the polynomial for a model from full
 calls (``fastdiff fit-teacache``); without a fit the change is used as it is.
 
 Example::
@@ -27,9 +28,9 @@ import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
+from fastdiff.cache.blockio import hidden_in, passed_through, tail_residual, with_hidden
 from fastdiff.core.denoisers import MODULATION
-from fastdiff.core.diffusers_compat import block_argument
+from fastdiff.core.diffusers_compat import StatefulHook, block_argument
 from fastdiff.core.models import UnsupportedModelError
 from fastdiff.core.registry import AcceleratorError
 
@@ -116,12 +117,35 @@ def load_rescaling(path: str | None, model) -> np.poly1d:
     return np.poly1d(coefficients)
 
 
-class TeaHead(ModelHook):
-    """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold."""
+class ReuseModulation(StatefulHook):
+    """On the first block's adaLN layer: the block's own call with the inputs ``TeaHead`` just modulated returns
+    the output ``TeaHead`` kept (the same call on the same tensors) instead of computing it again."""
 
-    def __init__(self, state, io, rescale: np.poly1d, facts: tuple[str, ...]):
+    def __init__(self):
         super().__init__()
-        self.state, self.io, self.facts = state, io, facts
+        self.kept: tuple[torch.Tensor, torch.Tensor, object] | None = None  # (hidden, emb, output), used once
+
+    def reset_state(self, module):
+        self.kept = None
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        kept, self.kept = self.kept, None
+        if kept is not None and len(args) == 1 and args[0] is kept[0] and kwargs.keys() == {"emb"}:
+            if kwargs["emb"] is kept[1]:
+                return kept[2]
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+
+class TeaHead(ModelHook):
+    """On block 0: accumulates the rescaled change of the modulated input; skips every block below threshold.
+
+    ``reuse``: the ``ReuseModulation`` hook on the block's adaLN layer, where that layer returns the modulated
+    input (no table facts); None otherwise."""
+
+    def __init__(self, state, io, rescale: np.poly1d, facts: tuple[str, ...], reuse: ReuseModulation | None = None):
+        super().__init__()
+        self.state, self.io, self.facts, self.reuse = state, io, facts, reuse
         self.coefficients = [float(c) for c in rescale.coeffs]  # evaluated as np.polyval does, without numpy
 
     def rescaled(self, change: float) -> float:
@@ -135,7 +159,12 @@ class TeaHead(ModelHook):
         # per-branch state, cleared every call by blockcache's controller
         branches, saved = st.branches, st.saved
         hidden = hidden_in(io, args, kwargs)
-        modulated = modulated_input(module, io, args, kwargs, self.facts, hidden)
+        if self.reuse is None:
+            modulated = modulated_input(module, io, args, kwargs, self.facts, hidden)
+        else:  # the layer's call as the block makes it, through the reuse hook; the block gets its output
+            emb = block_argument(io, self.facts[1], args, kwargs)
+            output = getattr(module, self.facts[0])(hidden, emb=emb)
+            self.reuse.kept, modulated = (hidden, emb, output), output[0]
         edge = ctx.step == 0 or ctx.step >= ctx.num_steps - 1
         inputs, tail = saved.store("modulated"), saved.store("tail")
         st.skip = False
@@ -150,8 +179,10 @@ class TeaHead(ModelHook):
             saved.set("accumulated", branches, 0.0)
         inputs.put(branches, ctx.step, modulated)
         if st.skip:
-            return with_hidden(io, passed_through(io, args, kwargs, hidden), hidden + tail.get(branches))
-        st.head_output = hidden  # the last block stores its output minus this: the residual of all blocks
+            if self.reuse is not None:
+                self.reuse.kept = None
+            return with_hidden(io, passed_through(io, args, kwargs, hidden), hidden + tail_residual(tail, branches))
+        st.head_output = hidden  # the last block stores its output beside this: the residual of all blocks
         return self.fn_ref.original_forward(*args, **kwargs)
 
 

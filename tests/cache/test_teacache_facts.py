@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import Counter
 
 from fastdiff import FastPipeline, UnsupportedModelError
-from fastdiff.cache.blockcache_teacache import modulated_input
+from fastdiff.cache.blockcache_teacache import modulated_input, modulation_of
 from fastdiff.cache.blockio import first_and_last_blocks
 from fastdiff.core.denoisers import block_io
 from fastdiff.core.inputs import make_inputs
@@ -75,6 +76,27 @@ def test_teacache_skips_blocks_and_removes_exactly(name):
     assert handle.handles[0].state.skipped > 0 and np.isfinite(cached).all()
     handle.remove()
     np.testing.assert_array_equal(call(pipe, fp), plain)
+    fp.unwrap()
+
+
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-sd3", "tiny-hunyuan-video"])
+def test_computed_steps_call_the_adaln_layer_once_and_match_the_plain_model(name):
+    """Where the first block's adaLN layer returns the modulated input, the block reuses TeaCache's call of it:
+    with nothing skipped (threshold 0) the layer runs once per evaluation, as without TeaCache, bit for bit."""
+    pipe = make_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    fp = FastPipeline(pipe)
+    first, _ = first_and_last_blocks(fp.denoiser)
+    layer = getattr(first, modulation_of(first)[0]).linear
+    counter = Counter(layer)
+    plain, plain_calls = call(pipe, fp), counter.calls
+    handle = fp.accelerate("blockcache(mode=teacache,threshold=0)")
+    counter.calls = 0
+    cached = call(pipe, fp)
+    assert handle.handles[0].state.skipped == 0 and counter.calls == plain_calls > 0
+    np.testing.assert_array_equal(cached, plain)
+    handle.remove()
+    counter.handle.remove()
     fp.unwrap()
 
 
