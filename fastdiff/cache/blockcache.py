@@ -41,7 +41,7 @@ import torch
 from diffusers.hooks import ModelHook
 
 from fastdiff.cache.blockcache_teacache import ReuseModulation, TeaHead, load_rescaling, modulation_of, read_fit
-from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, tail_residual, with_hidden
+from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.diffusers_compat import StatefulHook
@@ -72,6 +72,16 @@ class _State:
         self.last_full = 0
         # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
         self.trace: list[tuple[int, float | None, bool]] = []
+        self.tail_memo: tuple[list[torch.Tensor], torch.Tensor] | None = None  # (stored pair, its residual)
+
+    def tail_residual(self, branches: tuple[str, ...]) -> torch.Tensor:
+        """What the blocks after the first added on the last computed step of ``branches``. The last block stores
+        its image states with the first block's; only a skipped step needs their difference, so it is taken on
+        the first skipped step after a computed one and kept for the next."""
+        pair = self.saved.store("tail").get(branches)
+        if self.tail_memo is None or self.tail_memo[0] is not pair:
+            self.tail_memo = (pair, pair[0] - pair[1])
+        return self.tail_memo[1]
 
 
 class _Controller(StatefulHook):
@@ -84,6 +94,7 @@ class _Controller(StatefulHook):
     def reset_state(self, module):
         st = self.state
         st.head_output, st.last_full, st.trace, st.scale_of, st.scale = None, 0, [], None, None
+        st.tail_memo = None
         st.saved.clear()
         return module
 
@@ -125,7 +136,7 @@ class _Head(ModelHook):
             st.skipped += st.skip
         st.trace.append((st.step, change, st.skip))
         if st.skip:
-            return with_hidden(io, output, hidden + tail_residual(tail, st.branches))
+            return with_hidden(io, output, hidden + st.tail_residual(st.branches))
         head.put(st.branches, st.step, residual)
         st.head_output = hidden
         return output
@@ -133,7 +144,7 @@ class _Head(ModelHook):
 
 class _Rest(ModelHook):
     """First-block and teacache modes, on blocks 1..n-1: identity when skipped; the last block stores its image
-    states with the first block's (``tail_residual`` subtracts them only on a step that uses them)."""
+    states with the first block's (``_State.tail_residual`` subtracts them when a skipped step needs it)."""
 
     def __init__(self, state: _State, io, last: bool):
         super().__init__()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.cache.blockio import hidden_in, passed_through, tail_residual, with_hidden
+from fastdiff.cache.blockio import hidden_in, passed_through, with_hidden
 from fastdiff.core.denoisers import MODULATION
 from fastdiff.core.diffusers_compat import StatefulHook, block_argument
 from fastdiff.core.models import UnsupportedModelError
@@ -181,7 +181,7 @@ class TeaHead(ModelHook):
         if st.skip:
             if self.reuse is not None:
                 self.reuse.kept = None
-            return with_hidden(io, passed_through(io, args, kwargs, hidden), hidden + tail_residual(tail, branches))
+            return with_hidden(io, passed_through(io, args, kwargs, hidden), hidden + st.tail_residual(branches))
         st.head_output = hidden  # the last block stores its output beside this: the residual of all blocks
         return self.fn_ref.original_forward(*args, **kwargs)
 

@@ -50,13 +50,6 @@ def passed_through(io, args, kwargs, hidden: torch.Tensor | None = None):
     return tuple(parts)
 
 
-def tail_residual(tail, branches: tuple[str, ...]) -> torch.Tensor:
-    """What the blocks after the first added on the last computed step of ``branches`` (stored as the last
-    block's and the first block's image states: only a skipped step reads it, so only a skipped step subtracts)."""
-    last, first = tail.get(branches)
-    return last - first
-
-
 def attention_layers(model, accelerator: str) -> list[torch.nn.Module]:
     """The attention layers of a transformer denoiser's blocks, in block order: those of the blocks' reusable
     layers (``REUSABLE_LAYERS``) that are diffusers attention modules. UnsupportedModelError for a UNet or a block
