@@ -12,6 +12,8 @@
 #    no quality -> onestep_flow_speed.json. Both runs hold every config.
 # Training wall time and peak memory: /usr/bin/time lines in ROOT/time-*.txt and each fastdiff_distill.json.
 # Re-running resumes unfinished training and skips finished steps.
+# RECIPE=NAME RECIPE_ARGS="..." gives the DMD run those extra options (dmd-NAME; later options override the
+# defaults), benched as "dmd NAME 1" into onestep_flow_quality_NAME.json and onestep_flow_speed_NAME.json.
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep-flow}
 FD=${FASTDIFF:-fastdiff}
@@ -25,19 +27,22 @@ TEACHER="$ROOT/digits-flow"
 . "$(dirname "$0")/onestep_runs.sh"
 run progressive $FD distill progressive "$TEACHER" "$ROOT/progressive" --from 16 --to 1 --guidance 1.5 \
   --steps-per-round 150 --batch 8 --pool 128 --save-every 100
-run dmd $FD distill dmd "$TEACHER" "$ROOT/dmd" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
+main="dmd${RECIPE:+-$RECIPE}" suffix="${RECIPE:+_$RECIPE}"
+# shellcheck disable=SC2086  # RECIPE_ARGS is a list of options
+run "$main" $FD distill dmd "$TEACHER" "$ROOT/$main" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
   --train-steps "$STEPS" --batch 16 --fake-updates 5 --lr 2e-5 --fake-lr 4e-5 --regression 0.5 \
-  --pair-steps 28 --ema-decay 0.99 --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1
+  --pair-steps 28 --ema-decay 0.99 ${RECIPE_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 \
+  --report-seeds 1
 configs=(
   --config "teacher flow-euler 28=scheduler(name=flow-euler,steps=28)"
   --config "teacher flow-euler 4=scheduler(name=flow-euler,steps=4)"
   --config "progressive 1=student(path=$ROOT/progressive/steps-1)"
-  --config "dmd 1=student(path=$ROOT/dmd/steps-1)"
+  --config "dmd${RECIPE:+ $RECIPE} 1=student(path=$ROOT/$main/steps-1)"
 )
-[ -f "$ROOT/quality.done" ] || {
+[ -f "$ROOT/quality$suffix.done" ] || {
   $FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 1 --no-warmup --seed 1 --batch 500 \
-    --json "$OUT/onestep_flow_quality.json" "${configs[@]}"
-  touch "$ROOT/quality.done"
+    --json "$OUT/onestep_flow_quality$suffix.json" "${configs[@]}"
+  touch "$ROOT/quality$suffix.done"
 }
 $FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 3 --seed 1 --batch 64 --no-quality \
-  --json "$OUT/onestep_flow_speed.json" "${configs[@]}"
+  --json "$OUT/onestep_flow_speed$suffix.json" "${configs[@]}"
