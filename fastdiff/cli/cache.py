@@ -19,9 +19,7 @@ do the work.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-from datetime import datetime, timezone
 from pathlib import Path
 
 from fastdiff.cli.args import NON_NEGATIVE, POSITIVE, POSITIVE_FLOAT, IntRange, accel_specs
@@ -102,10 +100,24 @@ def run(args) -> dict:
         for i in range(args.calls)
     ]
     fit = fit_rescaling(fp, calls, args.degree)
-    with open(args.out, "w") as f:
-        json.dump(fit, f, indent=1)
+    options = ["--calls", str(args.calls), "--degree", str(args.degree)]
+    options += ["--batch", str(args.batch)] if args.batch is not None else []
+    fit = write_fit(args, "fit-teacache", options, fit)
     print(f"fitted {fit['points']} points, rms error {fit['rms_error']:.4g}; wrote {args.out}")
     return fit
+
+
+def write_fit(args, name: str, options: list[str], fit: dict) -> dict:
+    """Write ``fit`` to ``args.out`` as a results record: the fit's fields (what ``read_fit`` reads), the command
+    line that decides it (every option, defaults included) and this run's provenance (commit, date, device,
+    load). Returns what was written."""
+    from fastdiff.eval.record import write_record
+
+    words = ["fastdiff", name, args.model, "--size", args.size, "--steps", str(args.steps), *options]
+    words += ["--guidance", str(args.guidance)] if args.guidance is not None else []
+    words += ["--accel", args.accel] if args.accel else []
+    command = shlex.join([*words, "--out", args.out])
+    return write_record(args.out, {**fit, "command": command}, benchmark=name.replace("-", "_"), indent=1)
 
 
 def run_first_block(args) -> dict:
@@ -118,23 +130,6 @@ def run_first_block(args) -> dict:
         raise FileNotFoundError(f"--out {args.out!r}: its directory does not exist")
     call = call_kwargs(fp, args, batch)
     fit = fit_first_block(fp, call, psnr, seed=args.seed)
-    words = [
-        "fastdiff",
-        "fit-first-block",
-        args.model,
-        "--size",
-        args.size,
-        "--steps",
-        str(args.steps),
-        "--batch",
-        str(batch),
-        "--psnr",
-        f"{psnr:g}",
-        "--seed",
-        str(args.seed),
-    ]
-    words += ["--guidance", str(args.guidance)] if args.guidance is not None else []
-    words += ["--accel", args.accel] if args.accel else []
     plain = (str, int, float, bool, type(None))
     inputs = {
         k: v
@@ -143,12 +138,10 @@ def run_first_block(args) -> dict:
     }
     fit.update(
         settings={"size": args.size, "accel": args.accel, "seed": args.seed, "batch": batch, "call": inputs},
-        command=shlex.join([*words, "--out", args.out]),
         source=args.model,
-        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    with open(args.out, "w") as f:
-        json.dump(fit, f, indent=1)
+    options = ["--batch", str(batch), "--psnr", f"{psnr:g}", "--seed", str(args.seed)]
+    fit = write_fit(args, "fit-first-block", options, fit)
     reached = "identical images" if fit["psnr"] is None else f"PSNR {fit['psnr']:.2f} dB"
     print(
         f"threshold {fit['threshold']:.6g}: {reached} (budget {psnr:g} dB), {fit['computed_steps']} of "

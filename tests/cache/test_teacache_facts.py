@@ -177,6 +177,12 @@ def test_fit_teacache_command_fits_at_the_guidance_asked_and_its_fit_decides_the
     low, high = fits[1.0], fits[5.0]
     assert low["model"] == "SD3Transformer2DModel" and low["points"] == 7 and len(low["coefficients"]) == 5
     assert np.isfinite(low["rms_error"]) and low["coefficients"] != high["coefficients"]  # guidance reached the calls
+    # a results record: the command that made it, every deciding option included, and the run's provenance
+    assert high["command"] == (
+        f"fastdiff fit-teacache {tmp_path / 'model'} --size bench --steps 8 --calls 1 --degree 4 --batch 1 "
+        f"--guidance 5.0 --out {tmp_path / 'fit-5.0.json'}"
+    )
+    assert high["benchmark"] == "fit_teacache" and high["commit"] and high["date"] and "start" in high["load"]
     constant = tmp_path / "constant.json"  # a rescaling that ignores the change: 0.2 a step
     constant.write_text(json.dumps({"model": "SD3Transformer2DModel", "coefficients": [0.2]}))
     fp = FastPipeline.from_pretrained(tmp_path / "model")
