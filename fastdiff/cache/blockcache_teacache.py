@@ -11,8 +11,8 @@ and last steps of a call always run. State is kept per guidance branch and clear
 
 The modulated input is computed by the first block's own adaLN layer (``MODULATION`` facts), as in the reference
 implementation; where that layer returns it (adaLN norms: Flux, SD3, HunyuanVideo), a hook on the layer hands the
-output to the block when it runs, so a computed step calls the layer once, not twice. ``fit_rescaling`` fits the polynomial for a model from full
-calls (``fastdiff fit-teacache``); without a fit the change is used as it is.
+output to the block when it runs, so a computed step calls the layer once, not twice. ``fit_rescaling`` fits the
+polynomial for a model from full calls (``fastdiff fit-teacache``); without a fit the change is used as it is.
 
 Example::
 
