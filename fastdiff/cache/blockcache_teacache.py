@@ -131,9 +131,9 @@ class ReuseModulation(StatefulHook):
 
     def new_forward(self, module, *args, **kwargs):
         kept, self.kept = self.kept, None
-        if kept is not None and len(args) == 1 and args[0] is kept[0] and kwargs.keys() == {"emb"}:
-            if kwargs["emb"] is kept[1]:
-                return kept[2]
+        same_call = kept is not None and len(args) == 1 and kwargs.keys() == {"emb"}
+        if same_call and args[0] is kept[0] and kwargs["emb"] is kept[1]:  # the very tensors TeaHead passed
+            return kept[2]
         return self.fn_ref.original_forward(*args, **kwargs)
 
 
