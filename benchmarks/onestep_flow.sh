@@ -14,6 +14,7 @@
 # Re-running resumes unfinished training and skips finished steps.
 # RECIPE=NAME RECIPE_ARGS="..." gives the DMD run those extra options (dmd-NAME; later options override the
 # defaults), benched as "dmd NAME 1" into onestep_flow_quality_NAME.json and onestep_flow_speed_NAME.json.
+# PROGRESSIVE_ARGS="..." does the same for the progressive start (use a fresh ROOT: ROOT/progressive is reused).
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep-flow}
 FD=${FASTDIFF:-fastdiff}
@@ -25,8 +26,9 @@ TEACHER="$ROOT/digits-flow"
 [ -f "$TEACHER/model_index.json" ] || $FD zoo build digits-flow "$TEACHER" --size bench
 # shellcheck source=benchmarks/onestep_runs.sh
 . "$(dirname "$0")/onestep_runs.sh"
+# shellcheck disable=SC2086  # PROGRESSIVE_ARGS is a list of options
 run progressive $FD distill progressive "$TEACHER" "$ROOT/progressive" --from 16 --to 1 --guidance 1.5 \
-  --steps-per-round 150 --batch 8 --pool 128 --save-every 100
+  --steps-per-round 150 --batch 8 --pool 128 --save-every 100 ${PROGRESSIVE_ARGS:-}
 main="dmd${RECIPE:+-$RECIPE}" suffix="${RECIPE:+_$RECIPE}"
 # shellcheck disable=SC2086  # RECIPE_ARGS is a list of options
 run "$main" $FD distill dmd "$TEACHER" "$ROOT/$main" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
