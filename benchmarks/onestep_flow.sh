@@ -14,7 +14,8 @@
 # Re-running resumes unfinished training and skips finished steps.
 # RECIPE=NAME RECIPE_ARGS="..." gives the DMD run those extra options (dmd-NAME; later options override the
 # defaults), benched as "dmd NAME 1" into onestep_flow_quality_NAME.json and onestep_flow_speed_NAME.json.
-# PROGRESSIVE_ARGS="..." does the same for the progressive start (use a fresh ROOT: ROOT/progressive is reused).
+# PROGRESSIVE_ARGS="..." does the same for the progressive start (use a fresh ROOT: ROOT/progressive is reused);
+# DMD_STEPS=0 trains and benches the progressive start alone (name the results with RECIPE).
 set -euo pipefail
 ROOT=${1:-/tmp/fastdiff-onestep-flow}
 FD=${FASTDIFF:-fastdiff}
@@ -30,17 +31,19 @@ TEACHER="$ROOT/digits-flow"
 run progressive $FD distill progressive "$TEACHER" "$ROOT/progressive" --from 16 --to 1 --guidance 1.5 \
   --steps-per-round 150 --batch 8 --pool 128 --save-every 100 ${PROGRESSIVE_ARGS:-}
 main="dmd${RECIPE:+-$RECIPE}" suffix="${RECIPE:+_$RECIPE}"
-# shellcheck disable=SC2086  # RECIPE_ARGS is a list of options
-run "$main" $FD distill dmd "$TEACHER" "$ROOT/$main" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
-  --train-steps "$STEPS" --batch 16 --fake-updates 5 --lr 2e-5 --fake-lr 4e-5 --regression 0.5 \
-  --pair-steps 28 --ema-decay 0.99 ${RECIPE_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 \
-  --report-seeds 1
 configs=(
   --config "teacher flow-euler 28=scheduler(name=flow-euler,steps=28)"
   --config "teacher flow-euler 4=scheduler(name=flow-euler,steps=4)"
   --config "progressive 1=student(path=$ROOT/progressive/steps-1)"
-  --config "dmd${RECIPE:+ $RECIPE} 1=student(path=$ROOT/$main/steps-1)"
 )
+if [ "$STEPS" -gt 0 ]; then
+  # shellcheck disable=SC2086  # RECIPE_ARGS is a list of options
+  run "$main" $FD distill dmd "$TEACHER" "$ROOT/$main" --init "$ROOT/progressive/steps-1" --guidance 1.5 \
+    --train-steps "$STEPS" --batch 16 --fake-updates 5 --lr 2e-5 --fake-lr 4e-5 --regression 0.5 \
+    --pair-steps 28 --ema-decay 0.99 ${RECIPE_ARGS:-} --save-every 50 --snapshot-every 100 --selection-seeds 0 \
+    --report-seeds 1
+  configs+=(--config "dmd${RECIPE:+ $RECIPE} 1=student(path=$ROOT/$main/steps-1)")
+fi
 [ -f "$ROOT/quality$suffix.done" ] || {
   $FD bench "$TEACHER" --guidance 1.5 --threads 1 --runs 1 --no-warmup --seed 1 --batch 500 \
     --json "$OUT/onestep_flow_quality$suffix.json" "${configs[@]}"
