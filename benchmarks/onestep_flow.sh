@@ -22,6 +22,10 @@ FD=${FASTDIFF:-fastdiff}
 OUT=$(dirname "$0")/results
 STEPS=${DMD_STEPS:-600}
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+if [ "$STEPS" -eq 0 ] && [ -z "${RECIPE:-}" ]; then
+  echo "DMD_STEPS=0 needs RECIPE=NAME, so its results do not replace the shipped student's" >&2
+  exit 2
+fi
 mkdir -p "$ROOT"
 TEACHER="$ROOT/digits-flow"
 [ -f "$TEACHER/model_index.json" ] || $FD zoo build digits-flow "$TEACHER" --size bench
