@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from diffusers.hooks import ModelHook
 
-from fastdiff.cache.blockcache_teacache import ReuseModulation, TeaHead, load_rescaling, modulation_of, read_fit
+from fastdiff.cache.blockcache_teacache import (
+    ReuseModulation,
+    TeaHead,
+    l1_norm,
+    load_rescaling,
+    modulation_of,
+    read_fit,
+)
 from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
@@ -67,7 +74,7 @@ class _State:
         self.saved = BranchState()  # stored outputs by name, per guidance branch; cleared every call
         self.kinds: dict[str, tuple | None] = {}  # interval: None for a tensor output, else the tuple's layout
         self.head_output: torch.Tensor | None = None
-        self.scale_of: torch.Tensor | None = None  # first-block: the stored residual whose mean |value| is scale
+        self.scale_of: torch.Tensor | None = None  # first-block: the stored residual whose L1 norm is scale
         self.scale: torch.Tensor | None = None
         self.last_full = 0
         # first-block: per evaluation of this call, (step, change or None on a branch's first, skipped)
@@ -130,8 +137,8 @@ class _Head(ModelHook):
         if head.has(st.branches) and tail.has(st.branches):
             previous = head.get(st.branches)
             if st.scale_of is not previous:  # skipped steps compare with the same residual: its scale once
-                st.scale_of, st.scale = previous, previous.abs().mean()
-            change = ((residual - previous).abs().mean() / st.scale).item()
+                st.scale_of, st.scale = previous, l1_norm(previous)
+            change = (l1_norm(residual - previous) / st.scale).item()  # mean |difference| over mean |previous|
             st.skip = change <= st.threshold
             st.skipped += st.skip
         st.trace.append((st.step, change, st.skip))

@@ -12,7 +12,7 @@ import torch
 from helpers import Counter
 
 from fastdiff import FastPipeline, UnsupportedModelError
-from fastdiff.cache.blockcache_teacache import modulated_input, modulation_of
+from fastdiff.cache.blockcache_teacache import modulated_input, modulation_of, relative_change
 from fastdiff.cache.blockio import first_and_last_blocks
 from fastdiff.core.denoisers import block_io
 from fastdiff.core.inputs import make_inputs
@@ -204,3 +204,15 @@ def test_fit_teacache_command_fits_at_the_guidance_asked_and_its_fit_decides_the
     # the tiny model's raw changes (about 0.04 a step) never sum to 0.5; its fit rescales them to 0.26-0.46
     assert runs["none"] == [0, 7] and runs["fit"] == [0, 2, 4, 6, 7]
     assert runs["constant"] == [0, 3, 6, 7]  # 0.2, 0.4, then 0.6 >= 0.5: every third step
+
+
+def test_relative_change_is_the_ratio_of_mean_absolute_values_and_follows_tensor_division_at_zero():
+    g = torch.Generator().manual_seed(0)
+    now, before = torch.randn(4, 64, 32, generator=g), torch.randn(4, 64, 32, generator=g)
+    means = ((now - before).abs().mean() / before.abs().mean()).item()  # the definition (diffusers' first-block)
+    assert relative_change(now, before) == pytest.approx(means, rel=1e-6)
+    zero = torch.zeros(2, 3)
+    assert relative_change(torch.ones(2, 3), zero) == float("inf")  # as 6.0 / torch.tensor(0.0)
+    assert np.isnan(relative_change(zero, zero))  # 0 / 0: never below a threshold, so the blocks run
+    half = torch.full((1, 4096, 64), 8.0, dtype=torch.float16)  # its sum, 2 million, is beyond float16's range
+    assert relative_change(half * 1.5, half) == 0.5
