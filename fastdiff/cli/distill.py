@@ -108,6 +108,7 @@ def cmd_dmd(args) -> None:
         lora=args.lora,
         gan=args.gan,
         gan_d=args.gan_d,
+        gan_lr=args.gan_lr,
     )
     print(json.dumps(report, indent=2, default=str))
     print(f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)")
@@ -226,6 +227,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="DMD2's GAN term: W x the generator's adversarial loss (0: off; DMD2 uses 1e-3 to 5e-3)",
     )
     dmd.add_argument("--gan-d", type=FINITE, default=1e-2, metavar="W", help="weight of the head's real/fake loss")
+    dmd.add_argument(
+        "--gan-lr",
+        type=POSITIVE_FLOAT,
+        default=None,
+        metavar="LR",
+        help="the head's learning rate (default --fake-lr)",
+    )
     dmd.add_argument(
         "--lora",
         type=POSITIVE,

@@ -61,7 +61,7 @@ METHODS = ("dmd", "sid")
 
 
 def check_options(
-    method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan=0.0, gan_d=0.0
+    method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan=0.0, gan_d=0.0, gan_lr=None
 ) -> None:
     """DistillError naming the first bad option (before anything is loaded or written)."""
     if method not in METHODS:
@@ -81,9 +81,11 @@ def check_options(
         raise DistillError(f"--ema-decay must be in (0, 1), got {ema_decay}")
     if not (gan >= 0 and gan_d >= 0):
         raise DistillError(f"--gan and --gan-d must be >= 0, got {gan}, {gan_d}")
+    if gan_lr is not None and not gan_lr > 0:
+        raise DistillError(f"--gan-lr must be > 0, got {gan_lr}")
 
 
-def gan_head(fake, batches, process, device, flow: bool):
+def gan_head(fake, batches, process, device, flow: bool, seed: int = 0):
     """DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``); DistillError without training images."""
     if flow or getattr(batches, "x0", None) is None:
         raise DistillError(
@@ -94,7 +96,7 @@ def gan_head(fake, batches, process, device, flow: bool):
     probe = {k: v[:1].to(device) if torch.is_tensor(v) else v for k, v in cond.items()}
     probe[batches.key] = torch.zeros((1, *batches.shape), device=device)
     probe["timestep"] = process.generator_timestep(1).to(device)
-    return GanHead(fake, probe).to(device)
+    return GanHead(fake, probe, seed=seed).to(device)
 
 
 def check_lora(rank, init, ema_decay, process) -> None:
@@ -175,6 +177,7 @@ def dmd(
     lora: int | None = None,
     gan: float = 0.0,
     gan_d: float = 1e-2,
+    gan_lr: float | None = None,
 ) -> dict:
     """Distill ``teacher_dir`` (guided at ``guidance``, default 1) into a one-step student in ``OUT/steps-1``.
 
@@ -183,9 +186,13 @@ def dmd(
     weights are kept every that many updates and the saved student is the snapshot picked on
     ``selection_seeds`` and reported on ``report_seeds`` (``fastdiff.distill.pick``; ``pick_images`` each). With
     ``lora`` (a rank) the generator and the fake score are two LoRA adapters on the teacher's one copy of the
-    weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``."""
+    weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``.
+    ``gan`` > 0 adds DMD2's GAN term (``fastdiff.distill.dmd_gan``); its head learns at ``gan_lr`` (default
+    ``fake_lr``) in the fake score's optimizer."""
     t_range = tuple(float(v) for v in t_range)
-    check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d)
+    check_options(
+        method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d, gan_lr
+    )
     shared = sorted(set(selection_seeds) & set(report_seeds))
     if snapshot_every and (shared or not selection_seeds or not report_seeds):
         raise DistillError(
@@ -216,6 +223,7 @@ def dmd(
         "lora": lora,
         "gan": gan,
         "gan_d": gan_d,
+        **({"gan_lr": gan_lr} if gan_lr is not None else {}),  # absent when unset: older runs still resume
     }
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
@@ -236,9 +244,11 @@ def dmd(
     else:  # one base: the pipeline's own denoiser, with the two adapters
         views = add_adapters(fp.denoiser.eval().to(device), lora, seed)
         teacher, fake, generator = views["teacher"], views[FAKE], views[GENERATOR]
-    head = gan_head(fake, batches, process, device, flow) if gan > 0 else None
-    trained = list(fake.parameters()) + (list(head.parameters()) if head is not None else [])
-    fake_opt = torch.optim.AdamW(trained, lr=fake_lr, weight_decay=0.0)
+    head = gan_head(fake, batches, process, device, flow, seed) if gan > 0 else None
+    groups = [{"params": list(fake.parameters())}]
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "lr": gan_lr or fake_lr})
+    fake_opt = torch.optim.AdamW(groups, lr=fake_lr, weight_decay=0.0)
     work = out / "train"
     work.mkdir(parents=True, exist_ok=True)
     pool = None

@@ -1,6 +1,9 @@
 """DMD2's adversarial term: a small classifier head on the fake score's middle features tells real training images
 from the generator's, both noised at a random level; the fake score's update adds the head's loss, the
 generator's adds the non-saturating loss of its own samples being called real (Yin et al. 2024, section 4.3).
+The head is a one-layer MLP on every position of those features, averaged over positions, then a linear
+readout that starts at zero ("undecided"); DMD2's own head is a stack of strided convolutions on a UNet's
+bottleneck, which a transformer's tokens do not have.
 
 The features are read by a named forward hook on the fake score's middle module (a UNet's ``mid_block``, a
 transformer's middle block) that records only while ``capture()`` is open, so the same module can serve the
@@ -8,13 +11,14 @@ other roles of a LoRA base untouched. The head is trained by the fake score's op
 
 Example::
 
-    gan = GanHead(fake, probe_inputs)                       # probe_inputs: one call's denoiser inputs
+    gan = GanHead(fake, probe_inputs, seed=0)               # probe_inputs: one call's denoiser inputs
     fake_logits, output = gan.logits(denoiser_output, fake, inputs)
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -33,17 +37,18 @@ def middle_module(denoiser) -> torch.nn.Module:
     return blocks[len(blocks) // 2]
 
 
-def _pooled(output) -> torch.Tensor:
-    """(batch, features): the image states of a block's output, averaged over positions."""
+def _positions(output) -> torch.Tensor:
+    """(batch, positions, features): the image states of a block's output."""
     if isinstance(output, (tuple, list)):  # joint blocks return (text, image) or (image, text): the larger one
         output = max((t for t in output if torch.is_tensor(t)), key=lambda t: t[0].numel())
-    return output.flatten(2).mean(-1) if output.dim() == 4 else output.mean(1)
+    return output.flatten(2).transpose(1, 2) if output.dim() == 4 else output
 
 
 class GanHead(torch.nn.Module):
-    """A linear real/fake classifier on the pooled middle features of ``denoiser`` (sized by one probe call)."""
+    """A real/fake classifier on the middle features of ``denoiser`` (sized by one probe call): an MLP per
+    position (initialised from ``seed``), averaged, then a linear readout that starts at logit 0."""
 
-    def __init__(self, denoiser, probe: dict):
+    def __init__(self, denoiser, probe: dict, seed: int = 0):
         super().__init__()
         self._features: list[torch.Tensor] = []
         self._recording = False
@@ -51,15 +56,19 @@ class GanHead(torch.nn.Module):
         self._hook = middle_module(getattr(denoiser, "base", denoiser)).register_forward_hook(self._record)
         with torch.no_grad(), self.capture():
             type(denoiser).forward(denoiser, **probe, return_dict=False)
-            width = self._features[-1].shape[1]
-        self.head = torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Linear(width, 1))
-        with torch.no_grad():  # start at "undecided" (logit 0), as a fresh head should
-            self.head[1].weight.zero_()
-            self.head[1].bias.zero_()
+            width = self._features[-1].shape[-1]
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.SiLU())
+        self.readout = torch.nn.Linear(width, 1)
+        g = torch.Generator().manual_seed(seed)  # its own generator: a resumed run builds the same head
+        with torch.no_grad():
+            self.mlp[0].weight.copy_(torch.randn(width, width, generator=g) / math.sqrt(width))
+            self.mlp[0].bias.zero_()
+            self.readout.weight.zero_()  # start at "undecided" (logit 0), as a fresh head should
+            self.readout.bias.zero_()
 
     def _record(self, module, args, output):
         if self._recording:
-            self._features.append(_pooled(output))
+            self._features.append(_positions(output))
 
     @contextlib.contextmanager
     def capture(self):
@@ -75,7 +84,7 @@ class GanHead(torch.nn.Module):
             output = call(*args)
             if len(self._features) != 1:
                 raise DistillError(f"--gan: the middle block ran {len(self._features)} times in one call")
-            return self.head(self._features[0].float()).squeeze(-1), output
+            return self.readout(self.mlp(self._features[0].float()).mean(1)).squeeze(-1), output
 
     def remove(self) -> None:
         self._hook.remove()

@@ -109,7 +109,7 @@ def dmd_loss_fn(
     def loss_fn(gen, g, device):
         x_real, cond, uncond = batches.batch(g)
         cond, uncond = to_device(cond, device), (to_device(uncond, device) if scale > 1 else None)
-        fake_losses = []
+        fake_losses, head_losses = [], []
         for _ in range(fake_updates):  # the fake score follows the generator (two time-scale)
             with torch.no_grad():
                 x_g = fresh(gen, g, device, cond)
@@ -126,7 +126,9 @@ def dmd_loss_fn(
                 real_noise = torch.randn(x_g.shape, generator=g).to(device)
                 real_t, real_ts = process.noise(x_real.to(device), real_noise, levels)
                 real_logits, _ = gan.logits(denoiser_output, fake, {key: real_t, "timestep": real_ts, **cond})
-                f_loss = f_loss + gan_d_weight * discriminator_loss(real_logits, fake_logits)
+                head_loss = discriminator_loss(real_logits, fake_logits)
+                head_losses.append(head_loss.item())
+                f_loss = f_loss + gan_d_weight * head_loss
             fake_opt.zero_grad(set_to_none=True)
             f_loss.backward()
             fake_opt.step()
@@ -165,7 +167,7 @@ def dmd_loss_fn(
             fake.requires_grad_(True)
         shown = {"fake": sum(fake_losses) / len(fake_losses), method: loss.item()}
         if gan is not None:
-            shown["gan"] = adversarial.item()
+            shown["gan"], shown["head"] = adversarial.item(), sum(head_losses) / len(head_losses)
             loss = loss + gan_weight * adversarial
         if pool is not None:
             i = torch.randint(0, pool["noise"].shape[0], (batches.size,), generator=g)
