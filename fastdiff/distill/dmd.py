@@ -54,7 +54,7 @@ from fastdiff.distill.dmd_loss import dmd_loss_fn, teacher_pairs
 from fastdiff.distill.pick import SNAPSHOTS, pick_snapshot, snapshotter
 from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import student_scheduler
-from fastdiff.train.data import load_teacher, teacher_batches
+from fastdiff.train.data import load_teacher, real_latents, teacher_batches
 from fastdiff.train.loop import ema_updater, train
 
 METHODS = ("dmd", "sid")
@@ -85,18 +85,22 @@ def check_options(
         raise DistillError(f"--gan-lr must be > 0, got {gan_lr}")
 
 
-def gan_head(fake, batches, process, device, flow: bool, seed: int = 0):
-    """DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``); DistillError without training images."""
-    if flow or getattr(batches, "x0", None) is None:
+def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0):
+    """(head, real): DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``), and for a flow
+    teacher (whose batches are its own samples) its training split in latent space, which the head reads with
+    the unconditional input (the images carry no prompts). DistillError without training images."""
+    flow = process.kind == "flow"
+    real = real_latents(fp, teacher_dir) if flow else None
+    if (real is None or batches.uncond is None) if flow else getattr(batches, "x0", None) is None:
         raise DistillError(
             "--gan tells the teacher's training images from the generator's: this teacher has none "
-            "beside it (a digits build's eval/split.npz)"
+            "beside it (a digits build's eval/split.npz)" + (" or no unconditional input" if flow else "")
         )
     _, cond, _ = batches.batch(torch.Generator().manual_seed(0))
     probe = {k: v[:1].to(device) if torch.is_tensor(v) else v for k, v in cond.items()}
     probe[batches.key] = torch.zeros((1, *batches.shape), device=device)
     probe["timestep"] = process.generator_timestep(1).to(device)
-    return GanHead(fake, probe, seed=seed).to(device)
+    return GanHead(fake, probe, seed=seed).to(device), real
 
 
 def check_lora(rank, init, ema_decay, process) -> None:
@@ -244,7 +248,7 @@ def dmd(
     else:  # one base: the pipeline's own denoiser, with the two adapters
         views = add_adapters(fp.denoiser.eval().to(device), lora, seed)
         teacher, fake, generator = views["teacher"], views[FAKE], views[GENERATOR]
-    head = gan_head(fake, batches, process, device, flow, seed) if gan > 0 else None
+    head, real = gan_head(fake, fp, teacher_dir, batches, process, device, seed) if gan > 0 else (None, None)
     groups = [{"params": list(fake.parameters())}]
     if head is not None:
         groups.append({"params": list(head.parameters()), "lr": gan_lr or fake_lr})
@@ -279,6 +283,7 @@ def dmd(
         head,
         gan,
         gan_d,
+        real,
     )
     report = train(
         generator,

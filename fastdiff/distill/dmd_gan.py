@@ -3,7 +3,8 @@ from the generator's, both noised at a random level; the fake score's update add
 generator's adds the non-saturating loss of its own samples being called real (Yin et al. 2024, section 4.3).
 The head is a one-layer MLP on every position of those features, averaged over positions, then a linear
 readout that starts at zero ("undecided"); DMD2's own head is a stack of strided convolutions on a UNet's
-bottleneck, which a transformer's tokens do not have.
+bottleneck, which a transformer's tokens do not have. For a flow teacher the real samples are its training
+split in latent space (``fastdiff.train.data.real_latents``), read with the unconditional input.
 
 The features are read by a named forward hook on the fake score's middle module (a UNet's ``mid_block``, a
 transformer's middle block) that records only while ``capture()`` is open, so the same module can serve the
@@ -23,24 +24,26 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.denoisers import block_io, denoiser_facts
 from fastdiff.distill.common import DistillError
 
 
-def middle_module(denoiser) -> torch.nn.Module:
-    """A UNet's ``mid_block``, or the middle block of a transformer's first block list (the per-model facts);
+def middle_module(denoiser) -> tuple[torch.nn.Module, int | None]:
+    """(module, place of the image states in its output tuple): a UNet's ``mid_block`` (None: it returns a
+    tensor), or the middle block of a transformer's first block list (the per-model facts);
     UnsupportedModelError for a denoiser without facts."""
     facts = denoiser_facts(denoiser, "dmd --gan")
     if facts.family == "unet":
-        return denoiser.mid_block
+        return denoiser.mid_block, None
     blocks = getattr(denoiser, facts.blocks[0])
-    return blocks[len(blocks) // 2]
+    middle = blocks[len(blocks) // 2]
+    return middle, block_io(middle).return_hidden_states_index
 
 
-def _positions(output) -> torch.Tensor:
-    """(batch, positions, features): the image states of a block's output."""
-    if isinstance(output, (tuple, list)):  # joint blocks return (text, image) or (image, text): the larger one
-        output = max((t for t in output if torch.is_tensor(t)), key=lambda t: t[0].numel())
+def _positions(output, index: int | None) -> torch.Tensor:
+    """(batch, positions, features): the image states of a block's output (``index``: their place in a tuple)."""
+    if isinstance(output, (tuple, list)):
+        output = output[index or 0]
     return output.flatten(2).transpose(1, 2) if output.dim() == 4 else output
 
 
@@ -53,7 +56,8 @@ class GanHead(torch.nn.Module):
         self._features: list[torch.Tensor] = []
         self._recording = False
         # a LoRA view (fastdiff.distill.dmd_lora) holds its base; the probe runs through the view itself
-        self._hook = middle_module(getattr(denoiser, "base", denoiser)).register_forward_hook(self._record)
+        middle, self._index = middle_module(getattr(denoiser, "base", denoiser))
+        self._hook = middle.register_forward_hook(self._record)
         with torch.no_grad(), self.capture():
             type(denoiser).forward(denoiser, **probe, return_dict=False)
             width = self._features[-1].shape[-1]
@@ -68,7 +72,7 @@ class GanHead(torch.nn.Module):
 
     def _record(self, module, args, output):
         if self._recording:
-            self._features.append(_positions(output))
+            self._features.append(_positions(output, self._index))
 
     @contextlib.contextmanager
     def capture(self):

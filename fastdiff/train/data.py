@@ -6,6 +6,7 @@ LCM-LoRA through consistency, flow progressive, distribution matching) and by th
 - ``load_teacher(DIR)``: the teacher as a FastPipeline, refused before any training when it is not a pipeline
   directory or its denoiser or prediction is not one the trainers support;
 - ``training_data(DIR)``: the model's training split when its directory ships one (the digits references);
+  ``real_latents(fp, DIR)`` the same in the denoiser's latent space;
 - ``teacher_batches(fp, DIR, ...)``: ``Batches`` (x0 from the training split, else noise, with the captured
   conditioning) for noise- and v-prediction teachers, ``FlowBatches`` (the teacher's own samples with their
   prompts' conditioning) for flow-matching ones. ``batch(g)`` returns (x0, cond, uncond) for both.
@@ -84,6 +85,19 @@ def training_data(model_dir) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     with np.load(path) as split:
         images = torch.as_tensor(split["x_train"], dtype=torch.float32) * 2 - 1
         return images, torch.as_tensor(split["y_train"], dtype=torch.long)
+
+
+def real_latents(fp, model_dir, chunk: int = 256) -> torch.Tensor | None:
+    """The training split in the denoiser's space, or None without one: through a latent pipeline's VAE (its
+    posterior mean, shifted and scaled as the pipeline undoes it), else as ``training_data`` gives it."""
+    data = training_data(model_dir)
+    vae = getattr(fp.pipe, "vae", None)
+    if data is None or vae is None:
+        return None if data is None else data[0]
+    with torch.no_grad():
+        means = [vae.encode(part).latent_dist.mean for part in data[0].split(chunk)]
+    shift = vae.config.get("shift_factor") or 0.0
+    return (torch.cat(means) - shift) * vae.config.scaling_factor
 
 
 def conditioning(fp, count: int, seed: int) -> tuple[str, tuple, dict, dict | None]:

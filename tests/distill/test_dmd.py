@@ -484,7 +484,8 @@ def test_the_gan_head_reads_the_fake_scores_middle_features_only_while_capturing
     assert not unet.mid_block._forward_hooks
 
 
-def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(flow_teacher, tmp_path):
+def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(teacher, tmp_path):
+    tiny_teacher = teacher
     teacher = build("digits", tmp_path / "digits", size="bench")
     progressive(teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, progress=False)
     init = tmp_path / "prog" / "steps-1"
@@ -499,10 +500,43 @@ def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(
     assert head["readout.weight"].abs().sum() > 0  # the readout left its zero start: it was trained
     groups = saved["state"]["fake_optimizer"]["param_groups"]
     assert [g["lr"] for g in groups] == [TINY.get("fake_lr", 2e-5), 1e-3]  # the head learns at --gan-lr
-    flow = flow_teacher
+    path, _ = tiny_teacher
     with pytest.raises(DistillError, match="--gan tells the teacher's training images"):
-        dmd(flow, tmp_path / "flow", gan=1e-2, train_steps=1, **TINY)
+        dmd(path, tmp_path / "none", init=tiny_teacher[1], gan=1e-2, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="--gan and --gan-d must be >= 0"):
         dmd(teacher, tmp_path / "neg", init=init, gan=-1.0, train_steps=1, **TINY)
     with pytest.raises(DistillError, match="--gan-lr must be > 0, got 0.0"):
         dmd(teacher, tmp_path / "neg", init=init, gan=1e-2, gan_lr=0.0, train_steps=1, **TINY)
+
+
+def test_the_gan_term_on_a_flow_teacher_reads_its_training_split_in_latent_space(flow_teacher, tmp_path):
+    from fastdiff.distill.dmd_gan import GanHead
+    from fastdiff.train.data import real_latents, teacher_batches
+
+    fp = load_teacher(flow_teacher, allow_flow=True)
+    real = real_latents(fp, flow_teacher)
+    batches = teacher_batches(fp, flow_teacher, 2, guidance=1.5, pool=4, steps=2)
+    split = np.load(flow_teacher / "eval" / "split.npz")["x_train"]
+    assert real.shape == (split.shape[0], *batches.shape) and torch.isfinite(real).all()
+    decoded = fp.pipe.vae.decode(real[:2] / fp.pipe.vae.config.scaling_factor + fp.pipe.vae.config.shift_factor)
+    assert decoded.sample.shape[1:] == split.shape[1:]  # latents of the split's images, as the pipeline undoes them
+    # the head reads the image tokens of the middle joint block (its output is a (text, image) pair)
+    _, cond, _ = batches.batch(torch.Generator().manual_seed(0))
+    probe = {k: v[:1] if torch.is_tensor(v) else v for k, v in cond.items()}
+    probe.update({batches.key: real[:1], "timestep": torch.tensor([500.0])})
+    head = GanHead(fp.denoiser, probe)
+    denoiser = fp.denoiser
+    with head.capture():
+        denoiser(**probe)
+        tokens = head._features[0]
+    image_tokens = (batches.shape[1] // denoiser.config.patch_size) * (batches.shape[2] // denoiser.config.patch_size)
+    assert tokens.shape == (1, image_tokens, denoiser.inner_dim)
+    head.remove()
+    options = dict(guidance=1.5, train_steps=2, gan=1e-2, gan_lr=1e-3, fake_updates=1, **TINY)
+    dmd(flow_teacher, tmp_path / "whole", **options)
+    dmd(flow_teacher, tmp_path / "cut", stop_after=1, **options)
+    dmd(flow_teacher, tmp_path / "cut", resume=True, **options)
+    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
+    assert saved["state"]["gan_head"]["readout.weight"].abs().sum() > 0
