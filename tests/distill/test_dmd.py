@@ -46,6 +46,17 @@ def _weights(directory):
     return {k: v.clone() for k, v in fp.denoiser.state_dict().items()}
 
 
+def _gan_head_after_a_run_that_resumes_exactly(teacher, tmp_path, **options) -> dict:
+    """Train ``teacher`` whole and cut in two (killed, resumed): same weights; the GAN head's saved state."""
+    dmd(teacher, tmp_path / "whole", **options)
+    dmd(teacher, tmp_path / "cut", stop_after=1, **options)
+    dmd(teacher, tmp_path / "cut", resume=True, **options)
+    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
+    return saved["state"]
+
+
 def test_student_samples_in_one_call_with_its_recorded_sampler(teacher, tmp_path):
     path, init = teacher
     main(
@@ -490,15 +501,9 @@ def test_the_gan_term_trains_the_head_resumes_exactly_and_needs_training_images(
     progressive(teacher, tmp_path / "prog", start=2, end=1, steps_per_round=1, batch=2, progress=False)
     init = tmp_path / "prog" / "steps-1"
     options = dict(init=init, guidance=2.0, train_steps=2, gan=1e-2, gan_lr=1e-3, fake_updates=1, **TINY)
-    dmd(teacher, tmp_path / "whole", **options)
-    dmd(teacher, tmp_path / "cut", stop_after=1, **options)
-    dmd(teacher, tmp_path / "cut", resume=True, **options)
-    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
-    head = saved["state"]["gan_head"]
-    assert head["readout.weight"].abs().sum() > 0  # the readout left its zero start: it was trained
-    groups = saved["state"]["fake_optimizer"]["param_groups"]
+    state = _gan_head_after_a_run_that_resumes_exactly(teacher, tmp_path, **options)
+    assert state["gan_head"]["readout.weight"].abs().sum() > 0  # the readout left its zero start: it was trained
+    groups = state["fake_optimizer"]["param_groups"]
     assert [g["lr"] for g in groups] == [TINY.get("fake_lr", 2e-5), 1e-3]  # the head learns at --gan-lr
     path, _ = tiny_teacher
     with pytest.raises(DistillError, match="--gan tells the teacher's training images"):
@@ -533,10 +538,5 @@ def test_the_gan_term_on_a_flow_teacher_reads_its_training_split_in_latent_space
     assert tokens.shape == (1, image_tokens, denoiser.inner_dim)
     head.remove()
     options = dict(guidance=1.5, train_steps=2, gan=1e-2, gan_lr=1e-3, fake_updates=1, **TINY)
-    dmd(flow_teacher, tmp_path / "whole", **options)
-    dmd(flow_teacher, tmp_path / "cut", stop_after=1, **options)
-    dmd(flow_teacher, tmp_path / "cut", resume=True, **options)
-    first, second = _weights(tmp_path / "whole" / "steps-1"), _weights(tmp_path / "cut" / "steps-1")
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    saved = torch.load(tmp_path / "whole" / "train" / "checkpoint.pt", weights_only=False)
-    assert saved["state"]["gan_head"]["readout.weight"].abs().sum() > 0
+    state = _gan_head_after_a_run_that_resumes_exactly(flow_teacher, tmp_path, **options)
+    assert state["gan_head"]["readout.weight"].abs().sum() > 0
