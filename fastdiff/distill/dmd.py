@@ -89,12 +89,14 @@ def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0):
     """(head, real): DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``), and for a flow
     teacher (whose batches are its own samples) its training split in latent space, which the head reads with
     the unconditional input (the images carry no prompts). DistillError without training images."""
-    flow = process.kind == "flow"
-    real = real_latents(fp, teacher_dir) if flow else None
-    if (real is None or batches.uncond is None) if flow else getattr(batches, "x0", None) is None:
+    real, missing = None, getattr(batches, "x0", None) is None
+    if process.kind == "flow":
+        real = real_latents(fp, teacher_dir)
+        missing = real is None or batches.uncond is None  # the head reads the split with the unconditional input
+    if missing:
         raise DistillError(
-            "--gan tells the teacher's training images from the generator's: this teacher has none "
-            "beside it (a digits build's eval/split.npz)" + (" or no unconditional input" if flow else "")
+            "--gan tells the teacher's training images from the generator's: this teacher has none beside it "
+            "(a digits build's eval/split.npz; a flow teacher also needs an unconditional input)"
         )
     _, cond, _ = batches.batch(torch.Generator().manual_seed(0))
     probe = {k: v[:1].to(device) if torch.is_tensor(v) else v for k, v in cond.items()}
