@@ -109,6 +109,7 @@ def cmd_dmd(args) -> None:
         gan=args.gan,
         gan_d=args.gan_d,
         gan_lr=args.gan_lr,
+        gan_prompts=args.gan_prompts,
     )
     print(json.dumps(report, indent=2, default=str))
     print(f"student in {report['out']}; on its teacher: student(path={Path(report['out']).resolve()},steps=1)")
@@ -233,6 +234,12 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="LR",
         help="the head's learning rate (default --fake-lr)",
+    )
+    dmd.add_argument(
+        "--gan-prompts",
+        action="store_true",
+        help="flow teachers: the head reads each training image with a prompt naming its label (default: the "
+        "empty prompt) and the generator's samples with their own prompts",
     )
     dmd.add_argument(
         "--lora",

@@ -48,20 +48,31 @@ from fastdiff.distill.common import (
     save_pipeline,
     start_run,
 )
-from fastdiff.distill.dmd_gan import GanHead
+from fastdiff.distill.dmd_gan import GanHead, RealSamples
 from fastdiff.distill.dmd_lora import FAKE, GENERATOR, MergedView, add_adapters, merged_state_dict
 from fastdiff.distill.dmd_loss import dmd_loss_fn, teacher_pairs
 from fastdiff.distill.pick import SNAPSHOTS, pick_snapshot, snapshotter
 from fastdiff.distill.process import process_for
 from fastdiff.distill.progressive import student_scheduler
-from fastdiff.train.data import load_teacher, real_latents, teacher_batches
+from fastdiff.train.data import load_teacher, prompt_labels, real_latents, teacher_batches, training_data
 from fastdiff.train.loop import ema_updater, train
 
 METHODS = ("dmd", "sid")
 
 
 def check_options(
-    method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan=0.0, gan_d=0.0, gan_lr=None
+    method,
+    train_steps,
+    batch,
+    fake_updates,
+    t_range,
+    regression,
+    guidance,
+    ema_decay,
+    gan=0.0,
+    gan_d=0.0,
+    gan_lr=None,
+    gan_prompts=False,
 ) -> None:
     """DistillError naming the first bad option (before anything is loaded or written)."""
     if method not in METHODS:
@@ -83,16 +94,23 @@ def check_options(
         raise DistillError(f"--gan and --gan-d must be >= 0, got {gan}, {gan_d}")
     if gan_lr is not None and not gan_lr > 0:
         raise DistillError(f"--gan-lr must be > 0, got {gan_lr}")
+    if gan_prompts and not gan > 0:
+        raise DistillError("--gan-prompts is an option of the GAN term: give --gan W > 0")
 
 
-def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0):
+def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0, prompts: bool = False):
     """(head, real): DMD2's real/fake head on the fake score (``fastdiff.distill.dmd_gan``), and for a flow
-    teacher (whose batches are its own samples) its training split in latent space, which the head reads with
-    the unconditional input (the images carry no prompts). DistillError without training images."""
+    teacher (whose batches are its own samples) its training split in latent space (``RealSamples``), which the
+    head reads with the unconditional input, or with ``prompts`` each with a pool prompt naming its label.
+    DistillError without training images, or without the facts ``prompts`` needs."""
     real, missing = None, getattr(batches, "x0", None) is None
     if process.kind == "flow":
-        real = real_latents(fp, teacher_dir)
-        missing = real is None or batches.uncond is None  # the head reads the split with the unconditional input
+        real = real_samples(fp, teacher_dir, batches, prompts)
+        missing = real is None or (batches.uncond is None and not prompts)  # unconditional: needs that input
+    elif prompts:
+        raise DistillError(
+            "--gan-prompts is for flow teachers: this teacher's head already reads each training image with its label"
+        )
     if missing:
         raise DistillError(
             "--gan tells the teacher's training images from the generator's: this teacher has none beside it "
@@ -103,6 +121,22 @@ def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0):
     probe[batches.key] = torch.zeros((1, *batches.shape), device=device)
     probe["timestep"] = process.generator_timestep(1).to(device)
     return GanHead(fake, probe, seed=seed).to(device), real
+
+
+def real_samples(fp, teacher_dir, batches, prompts: bool) -> RealSamples | None:
+    """A flow teacher's training split for the head (None without one); with ``prompts``, each image's label and
+    the pool prompts that name it (``fastdiff.train.data.prompt_labels``)."""
+    latents = real_latents(fp, teacher_dir)
+    if latents is None or not prompts:
+        return None if latents is None else RealSamples(latents)
+    labels = training_data(teacher_dir)[1]
+    named = prompt_labels(fp.pipe, getattr(batches, "prompts", None))
+    if labels is None or named is None:
+        raise DistillError(
+            f"--gan-prompts needs training labels and prompts whose labels are known; {type(fp.pipe).__name__} at "
+            f"{teacher_dir} registers none (fastdiff.train.data.register_prompt_labels: digits-flow does)"
+        )
+    return RealSamples(latents, labels, named, batches.cond)
 
 
 def check_lora(rank, init, ema_decay, process) -> None:
@@ -184,6 +218,7 @@ def dmd(
     gan: float = 0.0,
     gan_d: float = 1e-2,
     gan_lr: float | None = None,
+    gan_prompts: bool = False,
 ) -> dict:
     """Distill ``teacher_dir`` (guided at ``guidance``, default 1) into a one-step student in ``OUT/steps-1``.
 
@@ -194,10 +229,22 @@ def dmd(
     ``lora`` (a rank) the generator and the fake score are two LoRA adapters on the teacher's one copy of the
     weights (``fastdiff.distill.dmd_lora``): for teachers that predict v or flow velocity, without ``init``.
     ``gan`` > 0 adds DMD2's GAN term (``fastdiff.distill.dmd_gan``); its head learns at ``gan_lr`` (default
-    ``fake_lr``) in the fake score's optimizer."""
+    ``fake_lr``) in the fake score's optimizer; with ``gan_prompts`` (flow teachers) it reads each training image
+    with a prompt naming its label and the generator's samples with their own prompts."""
     t_range = tuple(float(v) for v in t_range)
     check_options(
-        method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay, gan, gan_d, gan_lr
+        method,
+        train_steps,
+        batch,
+        fake_updates,
+        t_range,
+        regression,
+        guidance,
+        ema_decay,
+        gan,
+        gan_d,
+        gan_lr,
+        gan_prompts,
     )
     shared = sorted(set(selection_seeds) & set(report_seeds))
     if snapshot_every and (shared or not selection_seeds or not report_seeds):
@@ -230,6 +277,7 @@ def dmd(
         "gan": gan,
         "gan_d": gan_d,
         **({"gan_lr": gan_lr} if gan_lr is not None else {}),  # absent when unset: older runs still resume
+        **({"gan_prompts": True} if gan_prompts else {}),
     }
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
@@ -250,7 +298,9 @@ def dmd(
     else:  # one base: the pipeline's own denoiser, with the two adapters
         views = add_adapters(fp.denoiser.eval().to(device), lora, seed)
         teacher, fake, generator = views["teacher"], views[FAKE], views[GENERATOR]
-    head, real = gan_head(fake, fp, teacher_dir, batches, process, device, seed) if gan > 0 else (None, None)
+    head, real = (None, None)
+    if gan > 0:
+        head, real = gan_head(fake, fp, teacher_dir, batches, process, device, seed, gan_prompts)
     groups = [{"params": list(fake.parameters())}]
     if head is not None:
         groups.append({"params": list(head.parameters()), "lr": gan_lr or fake_lr})

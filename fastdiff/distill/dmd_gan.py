@@ -4,7 +4,9 @@ generator's adds the non-saturating loss of its own samples being called real (Y
 The head is a one-layer MLP on every position of those features, averaged over positions, then a linear
 readout that starts at zero ("undecided"); DMD2's own head is a stack of strided convolutions on a UNet's
 bottleneck, which a transformer's tokens do not have. For a flow teacher the real samples are its training
-split in latent space (``fastdiff.train.data.real_latents``), read with the unconditional input.
+split in latent space (``fastdiff.train.data.real_latents``, held by ``RealSamples``), read with the
+unconditional input, or (``--gan-prompts``) each with a prompt of the training pool that names its label, as
+DMD2 reads real images with their captions; the generator's samples are then read with their own prompts.
 
 The features are read by a named forward hook on the fake score's middle module (a UNet's ``mid_block``, a
 transformer's middle block) that records only while ``capture()`` is open, so the same module can serve the
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from fastdiff.core.denoisers import block_io, denoiser_facts
 from fastdiff.distill.common import DistillError
+from fastdiff.train.data import take_rows
 
 
 def middle_module(denoiser) -> tuple[torch.nn.Module, int | None]:
@@ -94,6 +97,33 @@ class GanHead(torch.nn.Module):
         self._hook.remove()
 
 
+class RealSamples:
+    """A flow teacher's training split for the head: latents and, with ``labels``, the conditioning each is read
+    with (a row of ``cond``, the batches' pool, whose prompt names its label: ``named`` holds each row's label).
+
+    ``draw(n, g)`` returns (latents, their conditioning or None: read with the unconditional input)."""
+
+    def __init__(self, latents: torch.Tensor, labels=None, named: list[int] | None = None, cond=None):
+        self.latents, self.labels, self.cond = latents, labels, cond
+        self.conditional = labels is not None
+        if self.conditional:
+            missing = sorted(set(labels.tolist()) - set(named or []))
+            if missing:
+                raise DistillError(f"--gan-prompts: no prompt of the training pool names the labels {missing}")
+            rows = [[i for i, y in enumerate(named) if y == label] for label in range(int(labels.max()) + 1)]
+            self.counts = torch.tensor([len(r) for r in rows])
+            self.table = torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows])
+            self.pool = len(named)
+
+    def draw(self, n: int, g: torch.Generator):
+        idx = torch.randint(0, self.latents.shape[0], (n,), generator=g)
+        if not self.conditional:
+            return self.latents[idx], None
+        labels = self.labels[idx]
+        pick = (torch.rand(n, generator=g) * self.counts[labels]).long()  # one of the rows naming each label
+        return self.latents[idx], take_rows(self.cond, self.table[labels, pick], self.pool)
+
+
 def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
     return F.softplus(-real_logits).mean() + F.softplus(fake_logits).mean()
 
@@ -102,4 +132,4 @@ def generator_loss(fake_logits: torch.Tensor) -> torch.Tensor:
     return F.softplus(-fake_logits).mean()
 
 
-__all__ = ["GanHead", "middle_module", "discriminator_loss", "generator_loss"]
+__all__ = ["GanHead", "RealSamples", "middle_module", "discriminator_loss", "generator_loss"]

@@ -98,8 +98,9 @@ def dmd_loss_fn(
     has made ``fake_warmup`` updates the generator's loss is zero: it waits for the fake score to follow it.
     With ``gan`` (a ``fastdiff.distill.dmd_gan.GanHead`` on the fake score) the fake score's loss adds
     ``gan_d_weight`` x the head's real/fake loss on the batch's training images, the generator's ``gan_weight`` x
-    the non-saturating loss of its samples. ``real_split`` (training samples not paired with the batches'
-    conditioning: a flow teacher's) makes the head read real and generated samples with the unconditional input."""
+    the non-saturating loss of its samples. ``real_split`` (a ``RealSamples``: training samples not paired with the
+    batches' conditioning, a flow teacher's) gives the real samples; unless it gives their conditioning too, the
+    head reads real and generated samples with the unconditional input."""
     total = process.total
 
     def levels_between(n, lo, hi, g, device):
@@ -110,7 +111,9 @@ def dmd_loss_fn(
 
     def loss_fn(gen, g, device):
         x_real, cond, uncond = batches.batch(g)
-        head_cond = to_device(cond if real_split is None else uncond, device) if gan is not None else None
+        conditional = real_split is None or real_split.conditional  # the head reads each sample's own conditioning
+        head_cond = to_device(cond if conditional else uncond, device) if gan is not None else None
+        real_cond = head_cond
         cond, uncond = to_device(cond, device), (to_device(uncond, device) if scale > 1 else None)
         fake_losses, head_losses = [], []
         for _ in range(fake_updates):  # the fake score follows the generator (two time-scale)
@@ -120,7 +123,7 @@ def dmd_loss_fn(
             noise = torch.randn(x_g.shape, generator=g).to(device)
             x_t, timestep = process.noise(x_g, noise, levels)
             inputs = {key: x_t, "timestep": timestep, **cond}
-            if gan is not None and real_split is None:  # the head reads the generated samples within the same call
+            if gan is not None and conditional:  # the head reads the generated samples within the same call
                 fake_logits, out = gan.logits(denoiser_output, fake, inputs)
             else:
                 out = denoiser_output(fake, inputs)
@@ -129,10 +132,11 @@ def dmd_loss_fn(
             f_loss = F.mse_loss(out[:, : x_t.shape[1]], process.target(x_g, noise, levels))
             if gan is not None:  # the head: the batch's training images, noised alike, are real
                 if real_split is not None:
-                    x_real = real_split[torch.randint(0, real_split.shape[0], (x_g.shape[0],), generator=g)]
+                    x_real, drawn = real_split.draw(x_g.shape[0], g)
+                    real_cond = head_cond if drawn is None else to_device(drawn, device)
                 real_noise = torch.randn(x_g.shape, generator=g).to(device)
                 real_t, real_ts = process.noise(x_real.to(device), real_noise, levels)
-                real_logits, _ = gan.logits(denoiser_output, fake, {key: real_t, "timestep": real_ts, **head_cond})
+                real_logits, _ = gan.logits(denoiser_output, fake, {key: real_t, "timestep": real_ts, **real_cond})
                 head_loss = discriminator_loss(real_logits, fake_logits)
                 head_losses.append(head_loss.item())
                 f_loss = f_loss + gan_d_weight * head_loss

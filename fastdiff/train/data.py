@@ -6,7 +6,8 @@ LCM-LoRA through consistency, flow progressive, distribution matching) and by th
 - ``load_teacher(DIR)``: the teacher as a FastPipeline, refused before any training when it is not a pipeline
   directory or its denoiser or prediction is not one the trainers support;
 - ``training_data(DIR)``: the model's training split when its directory ships one (the digits references);
-  ``real_latents(fp, DIR)`` the same in the denoiser's latent space;
+  ``real_latents(fp, DIR)`` the same in the denoiser's latent space; ``prompt_labels(pipe, prompts)`` the label
+  each prompt names, for models that register it (``register_prompt_labels``: digits-flow, digits-sd);
 - ``teacher_batches(fp, DIR, ...)``: ``Batches`` (x0 from the training split, else noise, with the captured
   conditioning) for noise- and v-prediction teachers, ``FlowBatches`` (the teacher's own samples with their
   prompts' conditioning) for flow-matching ones. ``batch(g)`` returns (x0, cond, uncond) for both.
@@ -27,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +41,30 @@ SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 
 class TrainingInputError(ValueError):
     """Bad training input (teacher, step counts, batch, output directory); nothing was written."""
+
+
+# pipeline class name -> fn(pipe, prompts) -> the label each prompt names, or None for a model of that class without
+PROMPT_LABELS: dict[str, Callable[..., list[int] | None]] = {}
+
+
+def register_prompt_labels(pipeline_class_name: str):
+    """Register, for pipelines of class ``pipeline_class_name``, which training label each prompt names (the
+    references register theirs beside their evaluators: the ``fastdiff.quality`` entry points)."""
+
+    def decorator(fn):
+        PROMPT_LABELS[pipeline_class_name] = fn
+        return fn
+
+    return decorator
+
+
+def prompt_labels(pipe, prompts: list[str] | None) -> list[int] | None:
+    """The training label each of ``prompts`` names, or None where the model registers no such fact."""
+    from fastdiff.core.plugins import QUALITY, load_plugins
+
+    load_plugins(QUALITY)  # the references' modules register them
+    fn = PROMPT_LABELS.get(type(pipe).__name__)
+    return None if fn is None or prompts is None else fn(pipe, list(prompts))
 
 
 def load_teacher(path, allow_flow: bool = False):
@@ -151,6 +177,7 @@ class FlowBatches:
 
     ``batch(g)`` returns (x0, cond, uncond) like ``Batches``: x0 in the denoiser's latent
     space, ``cond``/``uncond`` the denoiser's other inputs per branch (``uncond`` None without guidance).
+    ``prompts``: the pool's prompts, one per row of ``cond`` (None for a model without prompts).
     """
 
     def __init__(self, fp, batch: int, pool: int, guidance: float, steps: int, seed: int = 0):
@@ -160,6 +187,7 @@ class FlowBatches:
         self.size = batch
         self.key, _, self.cond, self.uncond = conditioning(fp, pool, seed)
         kwargs = make_inputs(fp.pipe, pool, guidance if pipeline_facts(fp.pipe).cfg_layout else None)
+        self.prompts = kwargs.get("prompt")
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             self.x0 = pixels(fp(**kwargs, num_inference_steps=steps, output_type="latent", generator=generator))
@@ -170,15 +198,16 @@ class FlowBatches:
     def batch(self, g: torch.Generator):
         idx = torch.randint(0, self.x0.shape[0], (self.size,), generator=g)
         pool = self.x0.shape[0]
-        uncond = None if self.uncond is None else _rows(self.uncond, idx, pool)
-        return self.x0[idx], _rows(self.cond, idx, pool), uncond
+        uncond = None if self.uncond is None else take_rows(self.uncond, idx, pool)
+        return self.x0[idx], take_rows(self.cond, idx, pool), uncond
 
 
-def _rows(value, idx, pool: int):
+def take_rows(value, idx, pool: int):
+    """Rows ``idx`` of every tensor in ``value`` (a dict of inputs) whose first dimension is the pool's ``pool``."""
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == pool:
         return value[idx]
     if isinstance(value, dict):
-        return {k: _rows(v, idx, pool) for k, v in value.items()}
+        return {k: take_rows(v, idx, pool) for k, v in value.items()}
     return value
 
 

@@ -3,7 +3,9 @@
 ``fastdiff.eval.quality_for`` loads this module through the ``fastdiff.quality`` entry point (pyproject.toml), so
 the evaluation layer names no reference model: digits (``ClassConditionalPipeline``), digits-sd and digits-flow
 (``StableDiffusionPipeline``, ``StableDiffusion3Pipeline``) and moving-digits (``WanPipeline``). Each returns {} for
-a pipeline of its class that is not a reference (no bench prompts).
+a pipeline of its class that is not a reference (no bench prompts). The same entry point registers which digit a
+digits-sd or digits-flow prompt names (``fastdiff.train.data.prompt_labels``: the GAN head of ``fastdiff distill dmd
+--gan-prompts`` reads each training image with a prompt naming its digit).
 
 Example::
 
@@ -22,6 +24,7 @@ import numpy as np
 from fastdiff.core.inputs import model_prompts, pipeline_directory
 from fastdiff.eval.quality import digits_quality, load_reference_eval
 from fastdiff.eval.registry import register_quality
+from fastdiff.train.data import register_prompt_labels
 from fastdiff.zoo import moving_digits as md
 from fastdiff.zoo.digit_captions import digit_of
 
@@ -46,6 +49,14 @@ def digits_sd_quality(pipe, call_kwargs: dict, images: np.ndarray, seed: int = 0
     if len(prompts) != len(images):
         raise ValueError(f"got {len(images)} images for {len(prompts)} prompts (one image per prompt is scored)")
     return digits_quality(pipe, {"class_labels": [digit_of(p) for p in prompts]}, images, seed)
+
+
+@register_prompt_labels("StableDiffusion3Pipeline")  # digits-flow
+@register_prompt_labels("StableDiffusionPipeline")  # digits-sd
+def digits_prompt_labels(pipe, prompts: list[str]) -> list[int] | None:
+    """The digit each prompt names (the training label of the split's images), or None for other models of these
+    classes. Example: ``digits_prompt_labels(pipe, ["a handwritten seven"])`` -> [7]."""
+    return [digit_of(p) for p in prompts] if model_prompts(pipe) is not None else None
 
 
 @lru_cache(maxsize=4)

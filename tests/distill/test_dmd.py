@@ -540,3 +540,41 @@ def test_the_gan_term_on_a_flow_teacher_reads_its_training_split_in_latent_space
     options = dict(guidance=1.5, train_steps=2, gan=1e-2, gan_lr=1e-3, fake_updates=1, **TINY)
     state = _gan_head_after_a_run_that_resumes_exactly(flow_teacher, tmp_path, **options)
     assert state["gan_head"]["readout.weight"].abs().sum() > 0
+
+
+def test_real_samples_are_read_with_a_pool_prompt_that_names_their_label():
+    from fastdiff.distill.dmd_gan import RealSamples
+
+    labels = torch.tensor([0, 1, 2, 1, 0, 2, 2])
+    latents = torch.arange(len(labels)).float().view(-1, 1)  # each latent holds its own index
+    named = [2, 0, 1, 0, 2, 1]  # the label each pool row's prompt names
+    real = RealSamples(latents, labels, named, {"prompt_embeds": torch.arange(6) * 10, "scale": 1.0})
+    x, cond = real.draw(200, torch.Generator().manual_seed(0))
+    rows = cond["prompt_embeds"] // 10
+    assert cond["scale"] == 1.0 and x.shape == (200, 1)
+    assert [named[r] for r in rows.tolist()] == labels[x.view(-1).long()].tolist()  # each read with its label's prompt
+    assert set(rows.tolist()) == set(range(6))  # every row naming a label gets used
+    x_plain, none = RealSamples(latents).draw(5, torch.Generator().manual_seed(0))
+    assert none is None and x_plain.shape == (5, 1)  # no labels: read with the unconditional input
+    with pytest.raises(DistillError, match=r"no prompt of the training pool names the labels \[2\]"):
+        RealSamples(latents, labels, [0, 1], {"prompt_embeds": torch.arange(2)})
+
+
+def test_gan_prompts_on_a_flow_teacher_reads_training_images_with_their_digits_prompts(
+    flow_teacher, teacher, tmp_path
+):
+    from fastdiff.train.data import prompt_labels, teacher_batches
+
+    fp = load_teacher(flow_teacher, allow_flow=True)
+    batches = teacher_batches(fp, flow_teacher, 2, guidance=1.5, pool=12, steps=2)
+    assert prompt_labels(fp.pipe, batches.prompts) == [i % 10 for i in range(12)]  # the bench prompts cycle digits
+    options = dict(guidance=1.5, train_steps=2, gan=1e-2, gan_lr=1e-3, gan_prompts=True, fake_updates=1, **TINY)
+    state = _gan_head_after_a_run_that_resumes_exactly(flow_teacher, tmp_path, **options)
+    assert state["gan_head"]["readout.weight"].abs().sum() > 0
+    manifest = json.loads((tmp_path / "whole" / "fastdiff_distill.json").read_text())
+    assert manifest["command"]["gan_prompts"] is True
+    path, init = teacher
+    with pytest.raises(DistillError, match="--gan-prompts is for flow teachers"):
+        dmd(path, tmp_path / "unet", init=init, gan=1e-2, gan_prompts=True, train_steps=1, **TINY)
+    with pytest.raises(DistillError, match="--gan-prompts is an option of the GAN term"):
+        dmd(flow_teacher, tmp_path / "nogan", gan_prompts=True, train_steps=1, **TINY)
