@@ -44,13 +44,19 @@ def student(root: Path, name: str) -> dict:
     return row
 
 
+def is_run(path: Path) -> bool:
+    """A training run's directory (its manifest records the command), not a teacher or an installed student."""
+    manifest = path / "fastdiff_distill.json"
+    return manifest.is_file() and "command" in json.loads(manifest.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default="/tmp/fastdiff-onestep")
     parser.add_argument("--json", default=str(RESULTS / "onestep_training.json"))
     args = parser.parse_args()
     root, load_start = Path(args.root), load_average()
-    names = sorted(p.name for p in root.iterdir() if (p / "fastdiff_distill.json").is_file() and p.name != "digits")
+    names = sorted(p.name for p in root.iterdir() if is_run(p))
     result = {
         "root": str(root),
         "students": [student(root, n) for n in names],
