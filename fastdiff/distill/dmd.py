@@ -60,20 +60,7 @@ from fastdiff.train.loop import ema_updater, train
 METHODS = ("dmd", "sid")
 
 
-def check_options(
-    method,
-    train_steps,
-    batch,
-    fake_updates,
-    t_range,
-    regression,
-    guidance,
-    ema_decay,
-    gan=0.0,
-    gan_d=0.0,
-    gan_lr=None,
-    gan_prompts=False,
-) -> None:
+def check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay) -> None:
     """DistillError naming the first bad option (before anything is loaded or written)."""
     if method not in METHODS:
         raise DistillError(f"method must be one of {METHODS}, got {method!r}")
@@ -90,6 +77,10 @@ def check_options(
         raise DistillError(f"--guidance must be >= 1, got {guidance}")
     if ema_decay is not None and not 0 < ema_decay < 1:
         raise DistillError(f"--ema-decay must be in (0, 1), got {ema_decay}")
+
+
+def check_gan_options(gan: float, gan_d: float, gan_lr: float | None, gan_prompts: bool) -> None:
+    """DistillError naming the first bad option of the GAN term."""
     if not (gan >= 0 and gan_d >= 0):
         raise DistillError(f"--gan and --gan-d must be >= 0, got {gan}, {gan_d}")
     if gan_lr is not None and not gan_lr > 0:
@@ -232,20 +223,8 @@ def dmd(
     ``fake_lr``) in the fake score's optimizer; with ``gan_prompts`` (flow teachers) it reads each training image
     with a prompt naming its label and the generator's samples with their own prompts."""
     t_range = tuple(float(v) for v in t_range)
-    check_options(
-        method,
-        train_steps,
-        batch,
-        fake_updates,
-        t_range,
-        regression,
-        guidance,
-        ema_decay,
-        gan,
-        gan_d,
-        gan_lr,
-        gan_prompts,
-    )
+    check_options(method, train_steps, batch, fake_updates, t_range, regression, guidance, ema_decay)
+    check_gan_options(gan, gan_d, gan_lr, gan_prompts)
     shared = sorted(set(selection_seeds) & set(report_seeds))
     if snapshot_every and (shared or not selection_seeds or not report_seeds):
         raise DistillError(

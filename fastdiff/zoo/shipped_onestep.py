@@ -43,20 +43,27 @@ SHIPPED_ONESTEP_G1: dict[str, tuple[int, str]] = {
 }
 
 
-BUILD_COMMAND_FLOW_ONESTEP = "bash benchmarks/onestep_flow.sh ROOT, then ROOT/dmd/steps-1"
-# the one-step DMD student of digits-flow at guidance 1.5 (benchmarks/results/onestep_flow_quality.json and
-# onestep_flow_speed.json): its transformer and scheduler, used on digits-flow as student(path=DIR,steps=1)
+BUILD_COMMAND_FLOW_ONESTEP = (
+    "the progressive start ROOT/progressive of bash benchmarks/onestep_flow.sh ROOT, then fastdiff distill dmd "
+    "ROOT/digits-flow ROOT/dmd-gan-prompts --init ROOT/progressive/steps-1 --guidance 1.5 --train-steps 600 --batch 16 "
+    "--fake-updates 2 --lr 2e-5 --fake-lr 4e-5 --regression 0 --ema-decay 0.99 --gan 3e-3 --gan-d 1e-2 --gan-lr 1e-3 "
+    "--gan-prompts --save-every 50 --snapshot-every 100 --selection-seeds 0 --report-seeds 1, then "
+    "ROOT/dmd-gan-prompts/steps-1"
+)
+# the one-step DMD student of digits-flow at guidance 1.5, its GAN head reading the prompts (measured in
+# benchmarks/results/onestep_flow_quality_gan-prompts.json and onestep_flow_speed_gan-prompts.json): its transformer
+# and scheduler, used on digits-flow as student(path=DIR,steps=1)
 SHIPPED_FLOW_ONESTEP: dict[str, tuple[int, str]] = {
-    "model_index.json": (811, "e18c020378a4e6b1de36e96a1b9dc2316f323d0e282dbff4a39c8a792b4642d6"),
+    "model_index.json": (800, "2238408f2f878e9fd210df93cd7417446ffb2d9ee22ef23c7f06bf7c15cef912"),
     "scheduler/scheduler_config.json": (
         482,
         "b551508c7fc8a1b675c87458fcb5ea64d2b1e3e8492e765f2db8c71f67c7b0c9",
     ),
-    "transformer/config.json": (475, "08765fa6479f8d9cd1bc8735016853eb9cf2dc7c73ba54cc6cbb6cef173d1d54"),
+    "transformer/config.json": (464, "844ed602fe145ee055a7dde20f242a0f5303e92a0488ec682e1d7bc999e32cbe"),
     "transformer/diffusion_pytorch_model.safetensors": (
         13963208,
-        "6ca34e13d7ed15c38230e23bc9e8a36c5da1f274f5318fab9bba9faf8ac7bf8b",
+        "596d6a4e617adb480fc2fc5f849542fd5adaba5c05def13fb0dfe305e61642d4",
     ),
-    "fastdiff_distill.json": (5119, "037bfe5c3d1f92cf896f3496c0c62257ffde9394a45d7078ea89f8e890221bd0"),
-    "loss.csv": (17070, "808b10f58c2555c974933183f78a341f1127c042b8b2ace888de931a2f82edb1"),
+    "fastdiff_distill.json": (5127, "cc5cef22107e021c676dc49635c464abcb95776d5dcbd7e6fe347ff96228d355"),
+    "loss.csv": (16933, "1499316f08c4e9d9d9a1433772cbeae740ff15e1c1431ccd4c8d27647bfee26d"),
 }
