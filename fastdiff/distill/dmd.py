@@ -98,10 +98,6 @@ def gan_head(fake, fp, teacher_dir, batches, process, device, seed: int = 0, pro
     if process.kind == "flow":
         real = real_samples(fp, teacher_dir, batches, prompts)
         missing = real is None or (batches.uncond is None and not prompts)  # unconditional: needs that input
-    elif prompts:
-        raise DistillError(
-            "--gan-prompts is for flow teachers: this teacher's head already reads each training image with its label"
-        )
     if missing:
         raise DistillError(
             "--gan tells the teacher's training images from the generator's: this teacher has none beside it "
@@ -261,6 +257,10 @@ def dmd(
     fp = load_teacher(teacher_dir, allow_flow=True)
     process = process_for(fp.pipe.scheduler)
     flow = process.kind == "flow"
+    if gan_prompts and not flow:  # refused before OUT is written
+        raise DistillError(
+            "--gan-prompts is for flow teachers: this teacher's head already reads each training image with its label"
+        )
     if lora is not None:
         check_lora(lora, init, ema_decay, process)
     generator = load_generator(fp, process, init).requires_grad_(True) if lora is None else None
