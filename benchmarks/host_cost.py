@@ -22,6 +22,9 @@ hooks add per step show directly in the step time. Two measurements, one torch t
    ``blockcache(mode=first-block)``; tomesd 0.1.3's token merging on tiny-sd beside fastdiff's ``tome``
    (tomesd patches block classes, so its matching and its merge and unmerge functions are clocked instead of
    hooks): what the algorithm costs when the reference library runs it.
+4. **Floor**: hooks that do nothing, on every block and the transformer (where first-block puts its hooks), clocked
+   the same way: what the hook chains alone read around real blocks on this machine (after a block's compute the
+   next Python runs on cold caches), so each threshold cache's own work is its row minus this one.
 
 Targets: <= 20 us per step with no accelerator, <= 100 us for hook-based accelerators.
 
@@ -40,10 +43,12 @@ import torch
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook
 
 from fastdiff import FastPipeline
-from fastdiff.core.hooks import GatedHook
+from fastdiff.core.denoisers import denoiser_facts
+from fastdiff.core.hooks import GatedHook, install_hooks
 from fastdiff.eval.record import write_record
 from fastdiff.zoo.tiny import make_pipeline
 
+FLOOR = "empty hooks where first-block hooks (floor)"
 UNET_SPECS = [
     "none",
     "deepcache(interval=3)",
@@ -57,6 +62,7 @@ UNET_SPECS = [
 SD3_SPECS = [
     "none",
     "blockcache(mode=interval,interval=2)",
+    FLOOR,
     "blockcache(mode=first-block,threshold=0.1)",
     "blockcache(mode=teacache,threshold=0.3)",
     "forecast(order=1,interval=2,warmup=2)",
@@ -67,10 +73,11 @@ class MergeClock:
     """tomesd's token merging, clocked: its ``compute_merge`` and the merge/unmerge functions it returns (benchmark
     only; tomesd patches block classes, so there is no hook chain to clock)."""
 
-    def __init__(self, pipe) -> None:
+    def __init__(self, fp) -> None:
         import tomesd
         from tomesd import patch
 
+        pipe = fp.pipe
         self.total, self.pipe, self.patch, self.compute = 0.0, pipe, patch, patch.compute_merge
         patch.compute_merge = self.timed(lambda x, info: tuple(self.timed(f) for f in self.compute(x, info)))
         tomesd.apply_patch(pipe, ratio=0.5)
@@ -92,17 +99,43 @@ class MergeClock:
         self.patch.compute_merge = self.compute
 
 
-def first_block_peer(pipe) -> None:
-    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+def first_block_peer(fp) -> None:
+    fp.pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+
+
+class PassThrough(ModelHook):
+    """Calls the block's forward and returns its output: the floor of a block hook (benchmark only)."""
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.fn_ref.original_forward(*args, **kwargs)
+
+
+class PassThroughPre(ModelHook):
+    def pre_forward(self, module, *args, **kwargs):
+        return args, kwargs
+
+
+def empty_hooks(fp) -> None:
+    """Hooks that do nothing, where first-block puts its hooks (every block, and the transformer): what the clock
+    reads for the hook chains alone around real blocks (cold caches after each block's compute included)."""
+    model = fp.denoiser
+    blocks = [b for name in denoiser_facts(model, "host_cost").blocks for b in getattr(model, name)]
+    install_hooks([(b, PassThrough()) for b in blocks] + [(model, PassThroughPre())], "fastdiff.empty", fp.context)
 
 
 # peers beside fastdiff's rows: diffusers' own First Block Cache on Flux (SD3's transformer has no enable_cache in
-# diffusers; its hooks are named fbc_*), and tomesd's ToMe on SD
+# diffusers; its hooks are named fbc_*), and tomesd's ToMe on SD; and the floor of first-block's hook layout
 PEERS = {
     "diffusers FirstBlockCacheConfig(threshold=0.1)": first_block_peer,
     "tomesd apply_patch(ratio=0.5)": MergeClock,
+    FLOOR: empty_hooks,
 }
-FLUX_SPECS = ["none", "blockcache(mode=first-block,threshold=0.1)", "diffusers FirstBlockCacheConfig(threshold=0.1)"]
+FLUX_SPECS = [
+    "none",
+    FLOOR,
+    "blockcache(mode=first-block,threshold=0.1)",
+    "diffusers FirstBlockCacheConfig(threshold=0.1)",
+]
 CALLS = {
     "tiny-sd": {"prompt": ["a cat", "a dog"], "output_type": "latent"},
     "tiny-sd3": {"prompt": ["a cat", "a dog"], "output_type": "latent", "height": 32, "width": 32},
@@ -212,7 +245,7 @@ def accelerator_cost(model: str, spec: str, repeats: int) -> dict:
     peer = spec in PEERS
     fp = FastPipeline(pipe, accelerators=None if spec == "none" or peer else spec)
     # a peer's own implementation, under the same wrapper (its step-context hook included)
-    merges = PEERS[spec](pipe) if peer else None
+    merges = PEERS[spec](fp) if peer else None
     clock = HookClock()
     components = [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]
     modules = sum(clock.attach(m, peer="fbc_" if peer else None) for m in components)
