@@ -43,6 +43,7 @@ import torch
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook
 
 from fastdiff import FastPipeline
+from fastdiff.cache.blockio import blocks_in_order
 from fastdiff.core.denoisers import denoiser_facts
 from fastdiff.core.hooks import GatedHook, install_hooks
 from fastdiff.eval.record import write_record
@@ -111,6 +112,8 @@ class PassThrough(ModelHook):
 
 
 class PassThroughPre(ModelHook):
+    """A pre-forward that passes its arguments on, as blockcache's controller on the transformer (benchmark only)."""
+
     def pre_forward(self, module, *args, **kwargs):
         return args, kwargs
 
@@ -119,7 +122,7 @@ def empty_hooks(fp) -> None:
     """Hooks that do nothing, where first-block puts its hooks (every block, and the transformer): what the clock
     reads for the hook chains alone around real blocks (cold caches after each block's compute included)."""
     model = fp.denoiser
-    blocks = [b for name in denoiser_facts(model, "host_cost").blocks for b in getattr(model, name)]
+    blocks = blocks_in_order(model, denoiser_facts(model, "host_cost"))
     install_hooks([(b, PassThrough()) for b in blocks] + [(model, PassThroughPre())], "fastdiff.empty", fp.context)
 
 

@@ -48,7 +48,7 @@ from fastdiff.cache.blockcache_teacache import (
     modulation_of,
     read_fit,
 )
-from fastdiff.cache.blockio import hidden_in, hidden_out, passed_through, with_hidden
+from fastdiff.cache.blockio import blocks_in_order, hidden_in, hidden_out, passed_through, with_hidden
 from fastdiff.core.branch_state import BranchState
 from fastdiff.core.denoisers import REUSABLE_LAYERS, block_io, denoiser_facts
 from fastdiff.core.diffusers_compat import StatefulHook
@@ -237,7 +237,7 @@ class BlockCache(Accelerator):
                 f"blockcache needs a transformer denoiser; {type(model).__name__} is a {facts.family} "
                 "(use deepcache for UNets)"
             )
-        blocks = [b for name in facts.blocks for b in getattr(model, name)]
+        blocks = blocks_in_order(model, facts)
         if self.mode != "interval" and len(blocks) < 2:
             raise UnsupportedModelError(
                 f"blockcache(mode={self.mode}) needs at least 2 blocks; {type(model).__name__} has {len(blocks)}"

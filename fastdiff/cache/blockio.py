@@ -13,10 +13,14 @@ from fastdiff.core.diffusers_compat import block_argument
 from fastdiff.core.models import UnsupportedModelError
 
 
+def blocks_in_order(model, facts) -> list[torch.nn.Module]:
+    """A transformer denoiser's blocks, in the order of the block lists its facts name."""
+    return [b for name in facts.blocks for b in getattr(model, name)]
+
+
 def first_and_last_blocks(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The first and last transformer blocks of a denoiser (its facts name the block lists)."""
-    facts = denoiser_facts(model, "blockcache")
-    blocks = [b for name in facts.blocks for b in getattr(model, name)]
+    blocks = blocks_in_order(model, denoiser_facts(model, "blockcache"))
     return blocks[0], blocks[-1]
 
 
@@ -63,7 +67,7 @@ def attention_layers(model, accelerator: str) -> list[torch.nn.Module]:
             f"{accelerator} needs a transformer denoiser; {type(model).__name__} is a {facts.family}"
         )
     layers = []
-    for block in (b for name in facts.blocks for b in getattr(model, name)):
+    for block in blocks_in_order(model, facts):
         names = REUSABLE_LAYERS.get(type(block).__name__)
         if names is None:
             raise UnsupportedModelError(f"{accelerator} has no layer facts for {type(block).__name__}")
